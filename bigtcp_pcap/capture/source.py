@@ -1,0 +1,128 @@
+"""Opening a capture source: a path, ``-`` for stdin, or a binary file object; compression by magic bytes.
+
+The stream handed to the record walk is always uncompressed. The raw (possibly compressed) bytes pass through
+``HashingReader`` so that the SHA-256 and the byte position for the progress bar come for free.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import hashlib
+import io
+import lzma
+import os
+import sys
+from typing import BinaryIO
+
+from ..errors import CaptureError
+
+COMPRESSION_MAGICS = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+
+
+class HashingReader(io.RawIOBase):
+    """A raw reader that hashes every byte it hands out and counts them."""
+
+    def __init__(self, raw: BinaryIO, head: bytes = b""):
+        self._raw = raw
+        self._head = head  # bytes already peeked from a non-seekable stream
+        self.sha256 = hashlib.sha256()
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        mv = memoryview(b).cast("B")
+        if self._head:
+            n = min(len(mv), len(self._head))
+            mv[:n] = self._head[:n]
+            self._head = self._head[n:]
+        else:
+            n = self._raw.readinto(mv)
+            if not n:
+                return 0
+        self.sha256.update(mv[:n])
+        self.position += n
+        return n
+
+
+class Source:
+    """An open capture stream: ``stream`` gives the uncompressed bytes."""
+
+    def __init__(self, source: str | os.PathLike | BinaryIO, *, name: str | None = None):
+        self._close = None
+        if isinstance(source, (str, os.PathLike)) and str(source) == "-":
+            raw = sys.stdin.buffer
+            self.name = name or "<stdin>"
+            self.size: int | None = None
+        elif isinstance(source, (str, os.PathLike)):
+            self.name = name or str(source)
+            try:
+                raw = open(source, "rb")  # noqa: SIM115 - closed in close()
+            except OSError as e:
+                raise CaptureError(self.name, f"cannot open: {e.strerror or e}") from None
+            self._close = raw
+            try:
+                st = os.fstat(raw.fileno())
+                self.size = st.st_size if st.st_size > 0 or os.path.isfile(source) else None
+            except OSError:
+                self.size = None
+        else:
+            raw = source
+            self.name = name or getattr(source, "name", "<stream>")
+            self.size = None
+        head = _read_exactly(raw, 6)
+        self.raw = HashingReader(raw, head)
+        self.compression = next((kind for magic, kind in COMPRESSION_MAGICS if head.startswith(magic)), None)
+        buffered = io.BufferedReader(self.raw, buffer_size=1 << 20)
+        if self.compression == "gzip":
+            self.stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb")
+        elif self.compression == "bzip2":
+            self.stream = bz2.BZ2File(buffered, "rb")
+        elif self.compression == "xz":
+            self.stream = lzma.LZMAFile(buffered, "rb")
+        elif self.compression == "zstd":
+            try:
+                import zstandard
+            except ImportError:
+                raise CaptureError(self.name, "zstd-compressed; install the 'zstandard' package") from None
+            self.stream = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
+        else:
+            self.stream = buffered
+
+    @property
+    def bytes_read(self) -> int:
+        """Raw (compressed, as stored) bytes consumed so far."""
+        return self.raw.position
+
+    def sha256_hex(self) -> str:
+        return self.raw.sha256.hexdigest()
+
+    def drain(self) -> None:
+        """Read the raw input to its end so that the SHA-256 covers the whole file."""
+        buf = bytearray(1 << 20)
+        try:
+            while self.raw.readinto(buf):
+                pass
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close.close()
+
+
+def _read_exactly(raw: BinaryIO, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = raw.read(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out

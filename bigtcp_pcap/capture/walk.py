@@ -1,0 +1,138 @@
+"""Compiled record walks over a buffer of pcap / pcapng bytes.
+
+Each walk reads records from ``data[pos:end]`` into preallocated column arrays and stops at the first record
+that is not wholly in the buffer (``NEED``, with the byte count it needs), at a fault (``BAD_*``), or, for
+pcapng, at a Section Header or Interface Description block, which the Python side parses because they change
+the walk's parameters. No Python object is made per record.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+OK, NEED, STOP_BLOCK, BAD_CAPLEN, BAD_BLOCK_LEN, BAD_TRAILER, BAD_IF, BAD_EPB_LEN, FULL = range(9)
+
+PCAPNG_SHB, PCAPNG_IDB, PCAPNG_PB, PCAPNG_SPB, PCAPNG_EPB = 0x0A0D0D0A, 1, 2, 3, 6
+
+
+@njit(cache=True, inline="always")
+def rd16(d, p, be):
+    if be:
+        return (np.uint32(d[p]) << 8) | np.uint32(d[p + 1])
+    return (np.uint32(d[p + 1]) << 8) | np.uint32(d[p])
+
+
+@njit(cache=True, inline="always")
+def rd32(d, p, be):
+    if be:
+        return (np.uint32(d[p]) << 24) | (np.uint32(d[p + 1]) << 16) | (np.uint32(d[p + 2]) << 8) | np.uint32(d[p + 3])
+    return (np.uint32(d[p + 3]) << 24) | (np.uint32(d[p + 2]) << 16) | (np.uint32(d[p + 1]) << 8) | np.uint32(d[p])
+
+
+@njit(cache=True)
+def walk_pcap(data, pos, end, be, ts_mul, max_caplen, off, caplen, wirelen, ts_ns, rec_pos):
+    """Classic pcap records. ts_mul is 1000 for microsecond files and 1 for nanosecond files.
+
+    Returns (n, pos, status, need): records read, where the next record starts, why it stopped, and (NEED)
+    how many bytes from pos the next record occupies.
+    """
+    n = 0
+    cap = off.shape[0]
+    while True:
+        if n == cap:
+            return n, pos, FULL, 0
+        if pos + 16 > end:
+            return n, pos, NEED, 16
+        sec = np.int64(rd32(data, pos, be))
+        frac = np.int64(rd32(data, pos + 4, be))
+        incl = rd32(data, pos + 8, be)
+        orig = rd32(data, pos + 12, be)
+        if incl > max_caplen:
+            return n, pos, BAD_CAPLEN, np.int64(incl)
+        if pos + 16 + np.int64(incl) > end:
+            return n, pos, NEED, 16 + np.int64(incl)
+        off[n] = pos + 16
+        caplen[n] = incl
+        wirelen[n] = orig
+        ts_ns[n] = sec * 1_000_000_000 + frac * ts_mul
+        rec_pos[n] = pos
+        n += 1
+        pos += 16 + np.int64(incl)
+
+
+@njit(cache=True)
+def _ts_to_ns(units, mul, div, off_ns):
+    return np.int64((units // div) * mul + ((units % div) * mul) // div) + off_ns
+
+
+@njit(cache=True)
+def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_off_ns, n_if, max_caplen,
+                off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id):
+    """pcapng packet blocks (EPB, SPB, obsolete PB); other unknown blocks are skipped.
+
+    Stops with STOP_BLOCK at an SHB or IDB (the caller parses it and calls again). Returns like walk_pcap.
+    """
+    n = 0
+    cap = off.shape[0]
+    while True:
+        if n == cap:
+            return n, pos, FULL, 0
+        if pos + 12 > end:
+            return n, pos, NEED, 12
+        btype = rd32(data, pos, be)
+        if btype == PCAPNG_SHB:
+            return n, pos, STOP_BLOCK, 0
+        blen = np.int64(rd32(data, pos + 4, be))
+        if blen < 12 or blen % 4 != 0:
+            return n, pos, BAD_BLOCK_LEN, blen
+        if btype == PCAPNG_IDB:
+            return n, pos, STOP_BLOCK, blen
+        if pos + blen > end:
+            return n, pos, NEED, blen
+        if np.int64(rd32(data, pos + blen - 4, be)) != blen:
+            return n, pos, BAD_TRAILER, blen
+        if btype == PCAPNG_EPB or btype == PCAPNG_PB:
+            if blen < 32:
+                return n, pos, BAD_EPB_LEN, blen
+            if btype == PCAPNG_EPB:
+                iid = np.int64(rd32(data, pos + 8, be))
+            else:
+                iid = np.int64(rd16(data, pos + 8, be))
+            if iid >= n_if:
+                return n, pos, BAD_IF, iid
+            tsh = np.uint64(rd32(data, pos + 12, be))
+            tsl = np.uint64(rd32(data, pos + 16, be))
+            incl = rd32(data, pos + 20, be)
+            orig = rd32(data, pos + 24, be)
+            if incl > max_caplen or (if_snaplen[iid] > 0 and incl > if_snaplen[iid]):
+                return n, pos, BAD_CAPLEN, np.int64(incl)
+            if 28 + np.int64(incl) + 4 > blen:
+                return n, pos, BAD_EPB_LEN, blen
+            off[n] = pos + 28
+            caplen[n] = incl
+            wirelen[n] = orig
+            ts_ns[n] = _ts_to_ns((tsh << np.uint64(32)) | tsl, if_mul[iid], if_div[iid], if_off_ns[iid])
+            rec_pos[n] = pos
+            linktype[n] = if_linktype[iid]
+            if_id[n] = iid
+            n += 1
+        elif btype == PCAPNG_SPB:
+            if n_if < 1:
+                return n, pos, BAD_IF, 0
+            orig = rd32(data, pos + 8, be)
+            incl = np.int64(orig)
+            room = blen - 16
+            if incl > room:
+                incl = room
+            if if_snaplen[0] > 0 and incl > if_snaplen[0]:
+                incl = np.int64(if_snaplen[0])
+            off[n] = pos + 12
+            caplen[n] = incl
+            wirelen[n] = orig
+            ts_ns[n] = 0
+            rec_pos[n] = pos
+            linktype[n] = if_linktype[0]
+            if_id[n] = 0
+            n += 1
+        pos += blen
