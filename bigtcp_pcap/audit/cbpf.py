@@ -1,0 +1,410 @@
+"""The cBPF (pcap filter) audit: which packets does a capture filter get wrong because of BIG TCP?
+
+Method (ecosystem.md section 1, "Audit method"): libpcap compiles the user's expression once per linktype and
+runs it twice per packet, on the raw frame and on its normalized copy (normalize.py: extension headers removed,
+zero length fields restored). The normalized verdict is the truth; a packet is ``missed`` when the truth says
+yes and the raw verdict no, a ``false_match`` the other way round. Because the truth comes from the same
+compiled program, this works for any expression without re-implementing the filter language.
+
+One gap normalization cannot close: libpcap's ``tcp[...]``/``udp[...]`` indexing only ever matches IPv4
+(pcap-filter(7): "only apply to IPv4"), with or without BIG TCP. For such expressions the truth is the
+expression with an IPv6 branch added (suggest.rewrite mode 'truth'), run on the normalized copy, and those
+differences carry their own reason (``tcp_index_ipv4_only``), because they are not a BIG TCP problem.
+
+A suggested expression (suggest.py) is then run on every raw packet; it is reported as verified only when it
+gives the truth verdict on every one of them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..decode.schema import (
+    BIGTCP_HBH_JUMBO,
+    BIGTCP_V4_TOTLEN0,
+    BIGTCP_V6_PLEN0,
+    TUNNEL_NONE,
+    PacketBatch,
+)
+from . import normalize as nz
+from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet
+from .suggest import LINK_HDR_LEN, has_l4_index, rewrite
+
+OK, MISSED, FALSE_MATCH = 0, 1, 2
+VERDICT_NAMES = ("ok", "missed", "false_match")
+# reasons, in the order they are tried for a mis-classified frame
+R_NONE, R_TCP_INDEX, R_UDP_INDEX, R_HBH_JUMBO, R_EXT_HEADER, R_V6_PLEN0, R_V4_TOTLEN0, R_OTHER = range(8)
+REASON_NAMES = ("", "tcp_index_ipv4_only", "udp_index_ipv4_only", "ipv6_hbh_jumbo", "ipv6_ext_header", "v6_plen0",
+                "v4_totlen0", "other")
+PROTO_NAMES = {6: "tcp", 17: "udp", 58: "icmp6", 1: "icmp", 132: "sctp"}
+
+
+@dataclass
+class FlowImpact:
+    """One directional 5-tuple with mis-classified packets, and what they carry (true lengths)."""
+
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    proto: str
+    packets: int
+    missed: int
+    false_matches: int
+    wire_bytes: int  # sum of the frames' original lengths
+    payload_bytes: int  # sum of the true L4 payload (TCP payload from the IP length, never caplen)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class AuditResult:
+    """Verdict counts, reasons, affected flows and per-frame arrays for one expression on one capture."""
+
+    expr: str
+    linktypes: list[int]
+    frames_total: int
+    matched: int  # the raw filter's matches (what tcpdump would keep)
+    truth: int  # packets that should match
+    missed: int
+    false_matches: int
+    reasons: dict[str, int]
+    flows: list[FlowImpact]
+    frame: np.ndarray  # uint64, every frame
+    verdict: np.ndarray  # uint8, VERDICT_NAMES codes
+    reason: np.ndarray  # uint8, REASON_NAMES codes (0 for ok)
+    raw_match: np.ndarray  # bool
+    truth_match: np.ndarray  # bool
+    suggestion: str | None = None
+    suggestion_verified: bool | None = None
+    suggestion_kernel_ok: bool | None = None  # False: needs userland filtering on Linux (backward jumps)
+    suggestion_mismatches: int | None = None  # frames where the candidate disagreed with the truth
+    suggestions_by_linktype: dict[int, str] = field(default_factory=dict)
+    alternative: str | None = None  # protochain form, verified, userland-only
+    not_audited: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.missed == 0 and self.false_matches == 0
+
+    def misclassified_frames(self) -> list[dict]:
+        idx = np.flatnonzero(self.verdict != OK)
+        return [{"frame": int(self.frame[i]), "verdict": VERDICT_NAMES[self.verdict[i]],
+                 "reason": REASON_NAMES[self.reason[i]]} for i in idx]
+
+    def to_json(self) -> dict:
+        return {
+            "expr": self.expr,
+            "linktypes": self.linktypes,
+            "frames_total": self.frames_total,
+            "matched": self.matched,
+            "truth": self.truth,
+            "missed": self.missed,
+            "false_matches": self.false_matches,
+            "reasons": self.reasons,
+            "suggestion": self.suggestion,
+            "suggestion_verified": self.suggestion_verified,
+            "suggestion_kernel_ok": self.suggestion_kernel_ok,
+            "alternative": self.alternative,
+            "flows": [f.to_json() for f in self.flows],
+            "frames": self.misclassified_frames(),
+            "not_audited": self.not_audited,
+            "notes": self.notes,
+        }
+
+    def frames_table(self):
+        """Per-frame rows for ``filter_audit.parquet``: frame, verdict, reason, matched, truth."""
+        import pyarrow as pa
+
+        verdict = pa.DictionaryArray.from_arrays(pa.array(self.verdict.astype(np.int8)), pa.array(VERDICT_NAMES))
+        reason_idx = pa.array(self.reason.astype(np.int8), mask=self.reason == R_NONE)
+        reason = pa.DictionaryArray.from_arrays(reason_idx, pa.array(REASON_NAMES))
+        return pa.table({"frame": pa.array(self.frame, pa.uint64()), "verdict": verdict, "reason": reason,
+                         "matched": pa.array(self.raw_match), "truth": pa.array(self.truth_match)},
+                        metadata={b"bigtcp_pcap.filter": self.expr.encode()})
+
+
+class _Candidate:
+    """One rewritten expression, compiled per linktype, checked against the truth frame by frame."""
+
+    def __init__(self, mode: str, expr: str, snaplen: int):
+        self.mode, self.expr, self.snaplen = mode, expr, snaplen
+        self.by_linktype: dict[int, tuple[str, CompiledFilter | None]] = {}
+        self.mismatches = 0
+        self.changed = False
+        self.kernel_ok = True
+        self.errors: list[str] = []
+        self.unsupported: list[str] = []
+
+    def verdicts(self, linktype: int, rb_view) -> np.ndarray | None:
+        if linktype not in self.by_linktype:
+            rw = rewrite(self.expr, self.mode, LINK_HDR_LEN.get(linktype))
+            self.changed |= rw.changed
+            self.unsupported += [u for u in rw.unsupported if u not in self.unsupported]
+            try:
+                cf = CompiledFilter(rw.text, linktype, self.snaplen)
+                self.kernel_ok &= cf.kernel_compatible
+            except FilterError as e:
+                cf = None
+                self.errors.append(f"{rw.text}: {e.message}")
+            self.by_linktype[linktype] = (rw.text, cf)
+        cf = self.by_linktype[linktype][1]
+        return None if cf is None else cf.match_batch(*rb_view)
+
+    @property
+    def texts(self) -> dict[int, str]:
+        return {lt: t for lt, (t, _) in self.by_linktype.items()}
+
+    @property
+    def ok(self) -> bool:
+        return self.changed and not self.errors and self.mismatches == 0
+
+
+class FilterAudit:
+    """Streaming audit: ``feed(record_batch, packet_batch)`` for each batch, then ``result()``.
+
+    ``record_batch`` needs ``buf`` (uint8) and ``off`` (int64) columns (packet i is
+    ``buf[off[i]:off[i]+caplen[i]]``); ``packet_batch`` is the decoder's PacketBatch for the same frames.
+    Raises FilterError (libpcap's message) when the expression does not compile for a linktype met.
+    """
+
+    def __init__(self, expr: str, snaplen: int = DEFAULT_SNAPLEN, suggest: bool = True):
+        self.expr = expr
+        self.snaplen = snaplen
+        self.filters = FilterSet(expr, snaplen)
+        self.l4_index = has_l4_index(expr)
+        self.truth_filters: dict[int, CompiledFilter] = {}
+        self.candidates = [_Candidate("suggest", expr, snaplen), _Candidate("protochain", expr, snaplen)] \
+            if suggest else []
+        self.notes: list[str] = []
+        self._frames: list[np.ndarray] = []
+        self._verdict: list[np.ndarray] = []
+        self._reason: list[np.ndarray] = []
+        self._raw: list[np.ndarray] = []
+        self._truth: list[np.ndarray] = []
+        self._bad_rows: list[pd.DataFrame] = []
+        self._not_audited: Counter[str] = Counter()
+        self._linktypes: set[int] = set()
+
+    # -- truth program (tcp[]/udp[] on IPv6) --
+    def _truth_filter(self, linktype: int) -> CompiledFilter:
+        cf = self.truth_filters.get(linktype)
+        if cf is None:
+            rw = rewrite(self.expr, "truth")
+            if rw.unsupported or not rw.changed:
+                self.notes.append("tcp[]/udp[] indexing is IPv4-only in libpcap and this expression could not be "
+                                  "extended to IPv6, so IPv6 packets are judged by libpcap's own reading")
+                cf = self.filters.for_linktype(linktype)
+            else:
+                try:
+                    cf = CompiledFilter(rw.text, linktype, self.snaplen)
+                except FilterError as e:
+                    self.notes.append(f"could not compile the IPv6-extended truth expression {rw.text!r}: "
+                                      f"{e.message}")
+                    cf = self.filters.for_linktype(linktype)
+            self.truth_filters[linktype] = cf
+        return cf
+
+    def feed(self, rb, pb: PacketBatch) -> None:
+        n = len(pb)
+        if n == 0:
+            return
+        buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
+        off = np.asarray(rb.off, dtype=np.int64)[:n]
+        cap, wire, lts = pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64), pb.linktype.astype(np.int64)
+        self._linktypes.update(np.unique(lts).tolist())
+
+        # 1. normalized copies of the frames whose encoding differs from a plain packet
+        v6 = pb.ip_version == 6
+        v4 = pb.ip_version == 4
+        cand = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
+        tunnel = pb.tunnel != TUNNEL_NONE
+        self._not_audited[nz.SKIP_TUNNEL] += int(tunnel.sum())
+        norm_idx, parts, n_off, n_cap, n_wire = [], [], [], [], []
+        pos = 0
+        for i in np.flatnonzero(cand & ~tunnel).tolist():
+            f = nz.L3Fields.from_batch(pb, i)
+            o, c = int(off[i]), int(cap[i])
+            data = buf[o:o + c].tobytes()
+            why = nz.why_not(f, c)
+            if why is not None:
+                self._not_audited[why] += 1
+                continue
+            if not nz.needs_normalizing(f, data):
+                continue
+            new, new_wire = nz.normalize_frame(data, int(wire[i]), f)
+            norm_idx.append(i)
+            parts.append(new)
+            n_off.append(pos)
+            n_cap.append(len(new))
+            n_wire.append(new_wire)
+            pos += len(new)
+        norm_idx = np.asarray(norm_idx, dtype=np.int64)
+        nbuf = np.frombuffer(b"".join(parts), dtype=np.uint8) if parts else np.zeros(0, np.uint8)
+        n_off, n_cap, n_wire = (np.asarray(x, dtype=np.int64) for x in (n_off, n_cap, n_wire))
+
+        raw = np.zeros(n, bool)
+        norm = np.zeros(n, bool)
+        truth = np.zeros(n, bool)
+        cand_match = {id(c): np.zeros(n, bool) for c in self.candidates}
+        for lt in np.unique(lts).tolist():
+            sel = np.flatnonzero(lts == lt)
+            view = (buf, off[sel], cap[sel], wire[sel])
+            nsel_mask = lts[norm_idx] == lt
+            nsel = norm_idx[nsel_mask]
+            nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
+            cf = self.filters.for_linktype(lt)
+            raw[sel] = cf.match_batch(*view)
+            norm[sel] = raw[sel]
+            norm[nsel] = cf.match_batch(*nview)
+            if self.l4_index:
+                tf = self._truth_filter(lt)
+                truth[sel] = tf.match_batch(*view)
+                truth[nsel] = tf.match_batch(*nview)
+            else:
+                truth[sel] = norm[sel]
+            for c in self.candidates:
+                v = c.verdicts(lt, view)
+                if v is not None:
+                    cand_match[id(c)][sel] = v
+        for c in self.candidates:
+            c.mismatches += int((cand_match[id(c)] != truth).sum())
+
+        verdict = np.where(raw == truth, OK, np.where(truth, MISSED, FALSE_MATCH)).astype(np.uint8)
+        reason = self._reasons(pb, verdict != OK, norm != truth)
+        self._frames.append(pb.frame.astype(np.uint64))
+        self._verdict.append(verdict)
+        self._reason.append(reason)
+        self._raw.append(raw)
+        self._truth.append(truth)
+        bad = np.flatnonzero(verdict != OK)
+        if bad.size:
+            self._bad_rows.append(self._flow_rows(pb, bad, verdict))
+
+    @staticmethod
+    def _reasons(pb: PacketBatch, bad: np.ndarray, index_gap: np.ndarray) -> np.ndarray:
+        reason = np.zeros(len(pb), np.uint8)
+        rules = [
+            (index_gap & (pb.l4_proto == 6), R_TCP_INDEX),
+            (index_gap & (pb.l4_proto == 17), R_UDP_INDEX),
+            (index_gap, R_TCP_INDEX),
+            ((pb.ip_version == 6) & (pb.has_jumbo | (pb.bigtcp == BIGTCP_HBH_JUMBO)), R_HBH_JUMBO),
+            ((pb.ip_version == 6) & (pb.ext_len > 0), R_EXT_HEADER),
+            (pb.bigtcp == BIGTCP_V6_PLEN0, R_V6_PLEN0),
+            (pb.bigtcp == BIGTCP_V4_TOTLEN0, R_V4_TOTLEN0),
+            ((pb.ip_version == 4) & (pb.ip_len_field == 0), R_V4_TOTLEN0),
+            ((pb.ip_version == 6) & (pb.ip_len_field == 0), R_V6_PLEN0),
+            (np.ones(len(pb), bool), R_OTHER),
+        ]
+        todo = bad.copy()
+        for mask, code in rules:
+            hit = todo & mask
+            reason[hit] = code
+            todo &= ~hit
+        return reason
+
+    @staticmethod
+    def _flow_rows(pb: PacketBatch, bad: np.ndarray, verdict: np.ndarray) -> pd.DataFrame:
+        proto = pb.l4_proto[bad]
+        payload = np.where(proto == 6, pb.tcp_payload_len[bad].astype(np.int64),
+                           np.where(proto == 17, np.maximum(pb.udp_len[bad].astype(np.int64) - 8, 0),
+                                    np.maximum(pb.ip_len[bad].astype(np.int64) - pb.ip_hdr_len[bad], 0)))
+        return pd.DataFrame({
+            "ver": pb.ip_version[bad], "src": [bytes(r) for r in pb.src[bad]], "dst": [bytes(r) for r in pb.dst[bad]],
+            "proto": proto, "sport": pb.sport[bad], "dport": pb.dport[bad],
+            "missed": verdict[bad] == MISSED, "false_matches": verdict[bad] == FALSE_MATCH,
+            "wire_bytes": pb.wirelen[bad].astype(np.int64), "payload_bytes": payload})
+
+    def result(self) -> AuditResult:
+        cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
+        frame, verdict, reason = cat(self._frames, np.uint64), cat(self._verdict, np.uint8), cat(self._reason, np.uint8)
+        raw, truth = cat(self._raw, bool), cat(self._truth, bool)
+        reasons = Counter(REASON_NAMES[r] for r in reason[verdict != OK].tolist())
+        res = AuditResult(
+            expr=self.expr, linktypes=sorted(self._linktypes), frames_total=int(frame.size),
+            matched=int(raw.sum()), truth=int(truth.sum()), missed=int((verdict == MISSED).sum()),
+            false_matches=int((verdict == FALSE_MATCH).sum()), reasons=dict(reasons.most_common()),
+            flows=self._flows(), frame=frame, verdict=verdict, reason=reason, raw_match=raw, truth_match=truth,
+            not_audited={k: v for k, v in self._not_audited.items() if v}, notes=list(dict.fromkeys(self.notes)))
+        if not res.clean and self.candidates:
+            self._pick_suggestion(res)
+        return res
+
+    def _pick_suggestion(self, res: AuditResult) -> None:
+        main, alt = self.candidates
+        texts = sorted(set(main.texts.values()))
+        res.suggestions_by_linktype = main.texts
+        res.suggestion_mismatches = main.mismatches
+        res.suggestion_kernel_ok = main.kernel_ok
+        if main.ok and len(texts) == 1:
+            res.suggestion, res.suggestion_verified = texts[0], True
+        elif main.ok:
+            res.suggestion_verified = True
+            res.notes.append("the suggestion depends on the link header length; see suggestions_by_linktype")
+        else:
+            res.suggestion_verified = False
+            why = (main.errors or main.unsupported or
+                   ([f"the rewritten expression disagreed with the truth on {main.mismatches} frames"]
+                    if main.changed else ["no rewrite rule applies to this expression"]))
+            res.notes.append("no verified suggestion could be built: " + "; ".join(why))
+        alt_texts = set(alt.texts.values())
+        if alt.ok and len(alt_texts) == 1 and alt_texts != set(texts):
+            res.alternative = alt_texts.pop()
+            res.notes.append(f"alternative (verified, but protochain is userland-only on Linux: the kernel rejects "
+                             f"its backward jump): {res.alternative}")
+        res.notes.extend(u for c in (main,) for u in c.unsupported if u not in res.notes)
+
+    def _flows(self) -> list[FlowImpact]:
+        if not self._bad_rows:
+            return []
+        df = pd.concat(self._bad_rows, ignore_index=True)
+        g = df.groupby(["ver", "src", "dst", "proto", "sport", "dport"], sort=False).agg(
+            packets=("missed", "size"), missed=("missed", "sum"), false_matches=("false_matches", "sum"),
+            wire_bytes=("wire_bytes", "sum"), payload_bytes=("payload_bytes", "sum")).reset_index()
+        g = g.sort_values(["wire_bytes", "packets"], ascending=False)
+        out = []
+        for r in g.itertuples(index=False):
+            out.append(FlowImpact(_addr(r.ver, r.src), int(r.sport), _addr(r.ver, r.dst), int(r.dport),
+                                  PROTO_NAMES.get(int(r.proto), str(int(r.proto))), int(r.packets), int(r.missed),
+                                  int(r.false_matches), int(r.wire_bytes), int(r.payload_bytes)))
+        return out
+
+
+def _addr(ver: int, raw: bytes) -> str:
+    if ver == 4:
+        return str(ipaddress.IPv4Address(raw[:4]))
+    if ver == 6:
+        return str(ipaddress.IPv6Address(raw))
+    return ""
+
+
+def audit_batches(expr: str, batches: Iterable[tuple[object, PacketBatch]], snaplen: int = DEFAULT_SNAPLEN,
+                  suggest: bool = True) -> AuditResult:
+    """Audit ``expr`` over (RecordBatch, PacketBatch) pairs (no file I/O here)."""
+    audit = FilterAudit(expr, snaplen, suggest)
+    for rb, pb in batches:
+        audit.feed(rb, pb)
+    return audit.result()
+
+
+def audit_capture(expr: str, capture: str | os.PathLike, snaplen: int = DEFAULT_SNAPLEN,
+                  suggest: bool = True) -> AuditResult:
+    """Read ``capture`` with the project's reader and decoder and audit ``expr`` on every frame."""
+    from ..capture import read_batches
+    from ..decode import decode
+
+    def pairs():
+        for rb in read_batches(capture):
+            pb, _findings = decode(rb)
+            yield rb, pb
+
+    return audit_batches(expr, pairs(), snaplen, suggest)
