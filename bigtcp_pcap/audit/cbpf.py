@@ -91,6 +91,7 @@ class AuditResult:
     alternative: str | None = None  # protochain form, verified, userland-only
     not_audited: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # the capture could not be read to its end; counts cover the frames before
 
     @property
     def clean(self) -> bool:
@@ -119,6 +120,7 @@ class AuditResult:
             "frames": self.misclassified_frames(),
             "not_audited": self.not_audited,
             "notes": self.notes,
+            "error": self.error,
         }
 
     def frames_table(self):
@@ -214,7 +216,12 @@ class FilterAudit:
             self.truth_filters[linktype] = cf
         return cf
 
+    @property
+    def frames_fed(self) -> int:
+        return sum(len(f) for f in self._frames)
+
     def feed(self, rb, pb: PacketBatch) -> None:
+        """Audit one batch (the PacketBatch of the RecordBatch ``rb``)."""
         n = len(pb)
         if n == 0:
             return
@@ -398,13 +405,25 @@ def audit_batches(expr: str, batches: Iterable[tuple[object, PacketBatch]], snap
 
 def audit_capture(expr: str, capture: str | os.PathLike, snaplen: int = DEFAULT_SNAPLEN,
                   suggest: bool = True) -> AuditResult:
-    """Read ``capture`` with the project's reader and decoder and audit ``expr`` on every frame."""
+    """Read ``capture`` with the project's reader and decoder and audit ``expr`` on every frame.
+
+    A capture damaged part-way is audited up to the fault and ``AuditResult.error`` says where; CaptureError is
+    raised only when not a single frame could be read.
+    """
     from ..capture import read_batches
     from ..decode import decode
+    from ..errors import CaptureError
 
-    def pairs():
+    audit = FilterAudit(expr, snaplen, suggest)
+    error = None
+    try:
         for rb in read_batches(capture):
             pb, _findings = decode(rb)
-            yield rb, pb
-
-    return audit_batches(expr, pairs(), snaplen, suggest)
+            audit.feed(rb, pb)
+    except CaptureError as e:
+        if not audit.frames_fed:
+            raise
+        error = e.one_line()
+    res = audit.result()
+    res.error = error
+    return res
