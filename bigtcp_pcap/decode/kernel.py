@@ -384,6 +384,8 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                             f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_EXCEEDS_FRAME, ip_len - frame_l3
                             nf += 1
                             nfi += 1
+                    elif n_jumbo > 0:
+                        ip_len = 40  # a Jumbo option with a bad length: reported, not guessed
                     elif has_hbh and not trunc:
                         ip_len = 40
                         if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:

@@ -1,0 +1,261 @@
+"""The library face: ``analyze()`` wires reader -> decoder -> stages -> sinks; the CLI only calls it.
+
+Tables are always streamed to Parquet files (in ``outdir``, or a temporary directory owned by the returned
+``Analysis``), and the DataFrame properties read them back on demand. So the CLI and the API produce the same
+tables by construction, and memory is bounded by the number of flows, not by the capture size.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import numpy as np
+
+from . import __version__
+from . import findings as F
+from .capture.reader import CaptureInfo, CaptureReader
+from .decode import FindingRows, PacketBatch, decode
+from .decode.schema import BIGTCP_NAMES
+from .errors import CaptureError
+from .flows.table import FlowTable
+from .gro.config import GroConfig
+from .gro.engine import GroEngine
+from .output import parquet as P
+from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SAMPLE_NAME = "sample-bigtcp-v6.pcap"
+
+
+def sample_capture() -> Path:
+    """The bundled real BIG TCP sample capture (made by the Linux kernel; see tests/fixtures/README.md)."""
+    return Path(__file__).parent / "data" / SAMPLE_NAME
+
+
+def iter_batches(source: str | os.PathLike | BinaryIO, **reader_kw) -> Iterator[tuple[PacketBatch, FindingRows]]:
+    """Decoded batches of a capture, for users who want columns and not DataFrames.
+
+    Raises ``CaptureError`` after the last good batch when the capture is damaged.
+    """
+    for rb in CaptureReader(source, **reader_kw):
+        yield decode(rb)
+
+
+@dataclass
+class Analysis:
+    """What ``analyze()`` produced: table files, capture facts and a summary."""
+
+    outdir: Path
+    info: CaptureInfo
+    params: dict[str, Any]
+    summary: dict[str, Any]
+    error: CaptureError | None = None
+    _tmp: Any = field(default=None, repr=False)
+
+    @property
+    def partial(self) -> bool:
+        return self.error is not None
+
+    def _table(self, name: str) -> pd.DataFrame | None:
+        import pandas as pd
+
+        path = self.outdir / f"{name}.parquet"
+        return pd.read_parquet(path) if path.exists() else None
+
+    @property
+    def packets(self) -> pd.DataFrame | None:
+        return self._table("packets")
+
+    @property
+    def superpackets(self) -> pd.DataFrame:
+        return self._table("superpackets")
+
+    @property
+    def flows(self) -> pd.DataFrame:
+        return self._table("flows")
+
+    @property
+    def findings(self) -> pd.DataFrame:
+        return self._table("findings")
+
+    @property
+    def filter_audit(self) -> pd.DataFrame | None:
+        return self._table("filter_audit")
+
+    def write(self, outdir: str | os.PathLike) -> Path:
+        """Copy the tables to ``outdir`` (created if needed)."""
+        out = Path(outdir)
+        out.mkdir(parents=True, exist_ok=True)
+        for p in self.outdir.glob("*.parquet"):
+            if out.resolve() != self.outdir.resolve():
+                shutil.copy2(p, out / p.name)
+        return out
+
+
+def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str | os.PathLike | None = None,
+            packets: bool = False, gro: GroConfig | None = None, progress: Callable[[int, int | None], None]
+            | None = None, name: str | None = None, **gro_params: Any) -> Analysis:
+    """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
+
+    ``source`` is a path, ``-`` for stdin, a binary file object, or None for the bundled sample.
+    GRO parameters may be given as a ``GroConfig`` or as keyword arguments (``gro_max_size=185000``, ...).
+    ``progress(bytes_read, total_bytes)`` is called after each batch. A damaged capture does not raise: the
+    tables hold everything before the fault and ``Analysis.error`` / the metadata say the run was partial.
+    """
+    if source is None:
+        source = sample_capture()
+    cfg = gro or GroConfig(**gro_params)
+    tmp = None
+    if outdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="bigtcp-pcap-")
+        out = Path(tmp.name)
+    else:
+        out = Path(outdir)
+        out.mkdir(parents=True, exist_ok=True)
+    reader = CaptureReader(source, name=name)
+    info = reader.info
+    flows = FlowTable()
+    engine = GroEngine(cfg)
+    sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA) if packets else None
+    sink_findings = P.TableSink(out / "findings.parquet", P.FINDINGS_SCHEMA)
+    sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
+    stats = _Stats()
+    error: CaptureError | None = None
+
+    def emit_superpackets(spb) -> None:
+        if len(spb):
+            flows.add_superpackets(spb.flow_id, spb.payload_len)
+            stats.add_superpackets(spb)
+            sink_sp.write_columns(superpackets_columns(spb, flows))
+
+    try:
+        for rb in reader:
+            pb, fr = decode(rb)
+            fid = flows.assign(pb)
+            flows.update(pb, fid)
+            stats.add(pb, fr)
+            sink_findings.write_columns(_finding_columns(fr))
+            if sink_packets is not None:
+                sink_packets.write(P.packets_table(pb, fid))
+            emit_superpackets(engine.feed(pb, fid))
+            if progress is not None:
+                progress(reader.src.bytes_read, info.size)
+    except CaptureError as e:
+        error = e
+        sink_findings.write_columns({"frame": [e.frame or 0], "code": [F.BY_ID[F.CAPTURE_PARTIAL].code],
+                                     "severity": [F.ERROR], "message": [e.one_line()]})
+        stats.findings[F.BY_ID[F.CAPTURE_PARTIAL].code] += 1
+    emit_superpackets(engine.flush())
+
+    flow_cols = flows.columns()
+    _suspect_filtered_capture(flow_cols, stats, sink_findings)
+    params = {"gro": cfg.to_metadata(), "packets": packets}
+    meta = {
+        "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
+        "source_sha256": info.sha256, "format": info.format, "compression": info.compression,
+        "linktypes": sorted(info.linktypes), "snaplen": sorted(info.snaplens), "packet_count": info.packets,
+        "first_ts_ns": info.first_ts_ns, "params": params, "partial": error is not None,
+        "error": error.one_line() if error else None,
+    }
+    sink_flows = P.TableSink(out / "flows.parquet", FLOWS_SCHEMA)
+    sink_flows.write_columns(flow_cols)
+    for s in (sink_packets, sink_findings, sink_sp, sink_flows):
+        if s is not None:
+            s.close(meta)
+    summary = stats.summary(info, flow_cols, error, cfg)
+    return Analysis(outdir=out, info=info, params=params, summary=summary, error=error, _tmp=tmp)
+
+
+def _finding_columns(fr: FindingRows) -> dict[str, list]:
+    codes = [F.BY_ID[c] for c in fr.code.tolist()]
+    return {"frame": fr.frame, "code": [c.code for c in codes], "severity": [c.severity for c in codes],
+            "message": [c.template.format(value=v) for c, v in zip(codes, fr.value.tolist())]}
+
+
+def _suspect_filtered_capture(flow_cols: dict, stats: _Stats, sink) -> None:
+    """IPv6 TCP flows with sequence gaps and no HBH packets: likely a 'tcp port N' capture of BIG TCP."""
+    gaps = sum(g for g, v, b in zip(flow_cols["capture_gap_bytes"], flow_cols["ip_version"],
+                                    flow_cols["bigtcp_packets"]) if v == 6 and b == 0)
+    if gaps > 0 and stats.bigtcp[BIGTCP_NAMES.index("hbh_jumbo")] == 0:
+        code = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
+        sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
+                            "message": [code.template.format(value=gaps)]})
+        stats.findings[code.code] += 1
+        stats.suspect.append(code.template.format(value=gaps))
+
+
+import pyarrow as pa  # noqa: E402  (kept next to the schema it builds)
+
+FLOWS_SCHEMA = pa.schema([
+    ("flow_id", pa.int64()), ("ip_version", pa.uint8()), ("src", pa.string()), ("dst", pa.string()),
+    ("sport", pa.uint16()), ("dport", pa.uint16()), ("first_frame", pa.uint64()),
+    ("ts_first_ns", P.TS_TYPE), ("ts_last_ns", P.TS_TYPE), ("packets", pa.uint64()),
+    ("payload_bytes", pa.uint64()), ("wire_bytes", pa.uint64()), ("bigtcp_packets", pa.uint64()),
+    ("max_payload_len", pa.uint32()), ("mss", pa.uint16()), ("p50_payload_len", pa.uint32()),
+    ("p99_payload_len", pa.uint32()), ("superpackets", pa.uint64()), ("p50_superpacket_len", pa.uint32()),
+    ("p99_superpacket_len", pa.uint32()), ("max_superpacket_len", pa.uint32()),
+    ("retransmissions", pa.uint64()), ("out_of_order", pa.uint64()), ("capture_gap_bytes", pa.uint64()),
+])
+
+
+class _Stats:
+    """Capture-wide counters for the summary (bounded size)."""
+
+    def __init__(self) -> None:
+        self.packets = 0
+        self.bytes = 0
+        self.bigtcp = np.zeros(len(BIGTCP_NAMES), np.int64)
+        self.max_bigtcp_len = 0
+        self.findings: Counter[str] = Counter()
+        self.truncated = 0
+        self.fallback = 0
+        self.sp_reasons: Counter[str] = Counter()
+        self.sp_rows = 0
+        self.suspect: list[str] = []
+
+    def add(self, pb: PacketBatch, fr: FindingRows) -> None:
+        self.packets += len(pb)
+        self.bytes += int(pb.wirelen.sum(dtype=np.int64))
+        self.bigtcp += np.bincount(pb.bigtcp, minlength=len(BIGTCP_NAMES))[:len(BIGTCP_NAMES)]
+        big = pb.bigtcp != 0
+        if big.any():
+            self.max_bigtcp_len = max(self.max_bigtcp_len, int(pb.ip_len[big].max()))
+        for c, k in zip(*np.unique(fr.code, return_counts=True)):
+            self.findings[F.BY_ID[int(c)].code] += int(k)
+
+    def add_superpackets(self, spb) -> None:
+        self.sp_rows += len(spb)
+        names = spb.reason_names()
+        for c, k in zip(*np.unique(spb.flush_reason, return_counts=True)):
+            self.sp_reasons[names[int(c)]] += int(k)
+
+    def summary(self, info: CaptureInfo, flow_cols: dict, error: CaptureError | None, cfg: GroConfig) -> dict:
+        top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
+        keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
+                "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
+                "max_superpacket_len", "retransmissions", "capture_gap_bytes")
+        dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
+        return {
+            "capture": {"name": info.name, "format": info.format, "compression": info.compression,
+                        "size": info.size, "packets": info.packets, "bytes_on_wire": self.bytes,
+                        "duration_s": round(dur, 6), "linktypes": sorted(info.linktypes),
+                        "snaplen": sorted(info.snaplens), "partial": error is not None,
+                        "error": error.one_line() if error else None},
+            "bigtcp": {name: int(self.bigtcp[i]) for i, name in enumerate(BIGTCP_NAMES) if name != "none"},
+            "max_bigtcp_ip_len": self.max_bigtcp_len,
+            "flows": len(flow_cols["flow_id"]),
+            "top_flows": [{k: flow_cols[k][i] for k in keys} for i in top],
+            "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common())},
+            "findings": dict(self.findings.most_common()),
+            "suspect": self.suspect,
+            "gro": cfg.to_metadata(),
+        }

@@ -1,0 +1,116 @@
+"""The command line: a thin layer over ``bigtcp_pcap.api``. Options in, one library call, output out.
+
+Exit codes: 0 clean, 1 findings of severity warn or error present, 2 usage error, 3 unreadable or corrupt
+capture (the tables are still written, marked partial).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import CaptureError, UsageError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters.")
+err = Console(stderr=True)
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_CAPTURE = 0, 1, 2, 3
+
+
+def _fail(msg: str, code: int) -> typer.Exit:
+    err.print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def analyze(
+    capture: Annotated[Optional[str], typer.Argument(help="pcap/pcapng file (compressed ok), '-' for stdin; "
+                                                     "omitted: the bundled sample")] = None,
+    outdir: Annotated[Path, typer.Option("-o", "--outdir", help="where the Parquet tables go")] = Path("bigtcp-out"),
+    packets: Annotated[bool, typer.Option("--packets", help="also write packets.parquet")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON document")] = False,
+    gro_max_size: Annotated[int, typer.Option(help="receiver gro_max_size (IPv6 limit, R15a)")] = 65536,
+    gro_ipv4_max_size: Annotated[Optional[int], typer.Option(
+        help="receiver gro_ipv4_max_size; default follows the kernel coupling")] = None,
+    napi_weight: Annotated[int, typer.Option(help="packets per NAPI poll")] = 64,
+    hz: Annotated[int, typer.Option(help="kernel HZ (flush-old behaviour, R21.3)")] = 250,
+    poll_gap_us: Annotated[float, typer.Option(help="idle gap that ends a NAPI poll (µs)")] = 20.0,
+    gro_flush_timeout_ns: Annotated[int, typer.Option(help="sysfs gro_flush_timeout")] = 0,
+    napi_defer_hard_irqs: Annotated[int, typer.Option(help="sysfs napi_defer_hard_irqs")] = 0,
+    rx_queues: Annotated[int, typer.Option(help="RX queues (NAPI instances)")] = 1,
+    max_gro_skbs: Annotated[int, typer.Option(help="held packets per GRO bucket")] = 8,
+    kernel: Annotated[str, typer.Option(help="kernel version behaviour: 6.17, 6.18, 6.19, 7.0")] = "6.18",
+) -> None:
+    """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
+
+    Example: bigtcp-pcap analyze trace.pcap.gz -o out --gro-max-size 185000
+    """
+    from .api import analyze as run, sample_capture
+    from .gro.config import GroConfig
+    from .output.summary import progress_bar, render
+
+    if capture is None:
+        err.print(f"no capture given: analysing the bundled sample {sample_capture()}", highlight=False)
+    try:
+        cfg = GroConfig(kernel=kernel, gro_max_size=gro_max_size, gro_ipv4_max_size=gro_ipv4_max_size,
+                        napi_weight=napi_weight, hz=hz, poll_gap_us=poll_gap_us,
+                        gro_flush_timeout_ns=gro_flush_timeout_ns, napi_defer_hard_irqs=napi_defer_hard_irqs,
+                        rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
+    except (ValueError, UsageError) as e:
+        raise _fail(str(e), EXIT_USAGE) from None
+    show = not no_progress and sys.stderr.isatty()
+    try:
+        with progress_bar(show, err) as cb:
+            result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=cb)
+    except CaptureError as e:  # could not even start (missing file, not a capture)
+        raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    if as_json:
+        typer.echo(json.dumps(result.summary, default=str))
+    else:
+        render(result.summary, Console())
+        err.print(f"tables written to {outdir}/", highlight=False)
+    if result.error is not None:
+        raise _fail(result.error.one_line() + " (tables written, marked partial)", EXIT_CAPTURE)
+    from .findings import BY_CODE, NOTE
+
+    if any(BY_CODE[c].severity != NOTE for c in result.summary["findings"] if c in BY_CODE):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@app.command()
+def dissect(
+    capture: Annotated[str, typer.Argument(help="pcap/pcapng file, '-' for stdin")],
+    count: Annotated[Optional[int], typer.Option("-c", "--count", help="stop after N packets")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per packet")] = False,
+) -> None:
+    """One line per packet, like tcpdump -v, with the true lengths and the BIG TCP encoding.
+
+    Example: bigtcp-pcap dissect trace.pcap -c 10
+    """
+    from .dissect import iter_lines
+
+    try:
+        for line in iter_lines(capture, count=count, as_json=as_json):
+            typer.echo(line)
+    except CaptureError as e:
+        raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    except BrokenPipeError:
+        sys.stderr.close()
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

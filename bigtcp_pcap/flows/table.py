@@ -1,0 +1,269 @@
+"""The flow table: one row per TCP flow direction, updated batch by batch.
+
+State grows with the number of flows, never with the number of packets: per flow a few counters, a histogram of
+payload lengths (lengths cluster at the MSS, so these stay small) and at most ``MAX_HOLES`` open sequence
+holes. The sequence bookkeeping (retransmissions, out-of-order, capture gaps) is a compiled loop over the batch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+
+import numpy as np
+from numba import njit
+
+from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_SYN, PacketBatch
+
+MAX_HOLES = 16
+_KEY_DTYPE = np.dtype((np.void, 37))
+
+
+@njit(cache=True)
+def _unwrap(seq, ref):
+    """64-bit sequence position of a 32-bit seq nearest to the 64-bit reference ``ref``."""
+    d = np.int64(np.int32(np.uint32((np.int64(seq) - ref) & 0xFFFFFFFF)))
+    return ref + d
+
+
+@njit(cache=True)
+def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap_total, retrans, ooo):
+    """Track each flow's highest sequence end and its holes; count retransmissions and out-of-order data."""
+    for i in range(fid.shape[0]):
+        f = fid[i]
+        if f < 0 or not valid[i]:
+            continue
+        ln = np.int64(plen[i])
+        if flags[i] & TH_SYN:
+            ln += 1
+        if flags[i] & TH_FIN:
+            ln += 1
+        if not inited[f]:
+            inited[f] = True
+            max_end[f] = np.int64(seq[i]) + ln
+            continue
+        if ln == 0:
+            continue
+        s = _unwrap(seq[i], max_end[f])
+        e = s + ln
+        if s > max_end[f]:
+            # a hole: sequence space the capture has not shown (yet)
+            k = nholes[f]
+            if k == MAX_HOLES:  # forget the oldest hole; it stays counted as a gap
+                for j in range(MAX_HOLES - 1):
+                    holes[f, j, 0] = holes[f, j + 1, 0]
+                    holes[f, j, 1] = holes[f, j + 1, 1]
+                k -= 1
+            holes[f, k, 0] = max_end[f]
+            holes[f, k, 1] = s
+            nholes[f] = k + 1
+            gap_total[f] += s - max_end[f]
+            max_end[f] = e
+        elif e <= max_end[f] or s < max_end[f]:
+            filled = np.int64(0)
+            j = 0
+            while j < nholes[f]:
+                hs = holes[f, j, 0]
+                he = holes[f, j, 1]
+                a = max(hs, s)
+                b = min(he, e)
+                if a < b:
+                    filled += b - a
+                    # shrink or split the hole
+                    if a == hs and b == he:
+                        for m in range(j, nholes[f] - 1):
+                            holes[f, m, 0] = holes[f, m + 1, 0]
+                            holes[f, m, 1] = holes[f, m + 1, 1]
+                        nholes[f] -= 1
+                        continue
+                    elif a == hs:
+                        holes[f, j, 0] = b
+                    elif b == he:
+                        holes[f, j, 1] = a
+                    elif nholes[f] < MAX_HOLES:
+                        for m in range(nholes[f], j + 1, -1):
+                            holes[f, m, 0] = holes[f, m - 1, 0]
+                            holes[f, m, 1] = holes[f, m - 1, 1]
+                        holes[f, j, 1] = a
+                        holes[f, j + 1, 0] = b
+                        holes[f, j + 1, 1] = he
+                        nholes[f] += 1
+                        j += 1
+                j += 1
+            gap_total[f] -= filled
+            if filled > 0:
+                ooo[f] += 1
+            else:
+                retrans[f] += 1
+            if e > max_end[f]:
+                max_end[f] = e
+        else:
+            max_end[f] = e
+
+
+class FlowTable:
+    """Assigns ``flow_id`` to TCP packets and accumulates per-flow columns."""
+
+    def __init__(self) -> None:
+        self._ids: dict[bytes, int] = {}
+        self.keys: list[bytes] = []
+        self._cap = 0
+        self._alloc(1024)
+        self.hist: list[Counter] = []  # observed payload lengths per flow
+        self.sp_hist: list[Counter] = []  # rebuilt super-packet payload lengths per flow
+
+    def _alloc(self, cap: int) -> None:
+        old = self._cap
+        def grow(a, shape_tail=(), dtype=np.int64, fill=0):
+            new = np.full((cap, *shape_tail), fill, dtype)
+            if old:
+                new[:old] = a
+            return new
+        z = lambda name, **kw: grow(getattr(self, name, None), **kw)  # noqa: E731
+        self.packets = z("packets")
+        self.payload_bytes = z("payload_bytes")
+        self.wire_bytes = z("wire_bytes")
+        self.bigtcp_packets = z("bigtcp_packets")
+        self.max_payload = z("max_payload")
+        self.first_frame = z("first_frame")
+        self.ts_first = z("ts_first")
+        self.ts_last = z("ts_last")
+        self.mss = z("mss")
+        self.inited = z("inited", dtype=np.bool_, fill=False)
+        self.max_end = z("max_end")
+        self.holes = z("holes", shape_tail=(MAX_HOLES, 2))
+        self.nholes = z("nholes")
+        self.gap_total = z("gap_total")
+        self.retrans = z("retrans")
+        self.ooo = z("ooo")
+        self._cap = cap
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def assign(self, pb: PacketBatch) -> np.ndarray:
+        """flow_id per row (int64), -1 for packets that are not TCP with readable ports."""
+        n = len(pb)
+        fid = np.full(n, -1, np.int64)
+        tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
+        idx = np.nonzero(tcp)[0]
+        if idx.size == 0:
+            return fid
+        raw = np.empty((idx.size, 37), np.uint8)
+        raw[:, 0] = pb.ip_version[idx]
+        raw[:, 1:17] = pb.src[idx]
+        raw[:, 17:33] = pb.dst[idx]
+        raw[:, 33:35] = pb.sport[idx].astype(">u2").view(np.uint8).reshape(-1, 2)
+        raw[:, 35:37] = pb.dport[idx].astype(">u2").view(np.uint8).reshape(-1, 2)
+        keys = raw.view(_KEY_DTYPE).ravel()
+        uniq, inv = np.unique(keys, return_inverse=True)
+        ids = np.empty(uniq.size, np.int64)
+        for j, k in enumerate(uniq):
+            kb = k.tobytes()
+            g = self._ids.get(kb)
+            if g is None:
+                g = len(self.keys)
+                self._ids[kb] = g
+                self.keys.append(kb)
+                self.hist.append(Counter())
+                self.sp_hist.append(Counter())
+            ids[j] = g
+        if len(self.keys) > self._cap:
+            self._alloc(max(len(self.keys), 2 * self._cap))
+        fid[idx] = ids[inv.ravel()]
+        return fid
+
+    def update(self, pb: PacketBatch, fid: np.ndarray) -> None:
+        m = fid >= 0
+        if not m.any():
+            return
+        f = fid[m]
+        pl = pb.tcp_payload_len[m].astype(np.int64)
+        nflows = len(self.keys)
+        cnt = np.bincount(f, minlength=nflows)
+        seen_before = self.packets[:nflows] > 0
+        self.packets[:nflows] += cnt
+        self.payload_bytes[:nflows] += np.bincount(f, weights=pl, minlength=nflows).astype(np.int64)
+        self.wire_bytes[:nflows] += np.bincount(f, weights=pb.wirelen[m], minlength=nflows).astype(np.int64)
+        self.bigtcp_packets[:nflows] += np.bincount(f, weights=pb.bigtcp[m] != BIGTCP_NONE,
+                                                    minlength=nflows).astype(np.int64)
+        np.maximum.at(self.max_payload, f, pl)
+        ts = pb.ts_ns[m]
+        fr = pb.frame[m].astype(np.int64)
+        # first occurrence of each flow in this batch (rows are in capture order)
+        uf, first_idx = np.unique(f, return_index=True)
+        new = ~seen_before[uf]
+        self.first_frame[uf[new]] = fr[first_idx[new]]
+        self.ts_first[uf[new]] = ts[first_idx[new]]
+        last_idx = f.size - 1 - np.unique(f[::-1], return_index=True)[1]
+        self.ts_last[uf] = ts[last_idx]
+        syn = (pb.tcp_flags[m] & TH_SYN) != 0
+        if syn.any():
+            mss = pb.tcp_mss[m]
+            sel = syn & (mss > 0)
+            self.mss[f[sel]] = mss[sel]
+        data = pl > 0
+        if data.any():
+            pairs, counts = np.unique((f[data] << 32) | pl[data], return_counts=True)
+            for key, c in zip(pairs.tolist(), counts.tolist()):
+                self.hist[key >> 32][key & 0xFFFFFFFF] += c
+        seq_kernel(fid, pb.tcp_seq, pb.tcp_payload_len, pb.tcp_flags, fid >= 0, self.inited, self.max_end,
+                   self.holes, self.nholes, self.gap_total, self.retrans, self.ooo)
+
+    def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray) -> None:
+        for f, ln in zip(flow_id.tolist(), payload_len.tolist()):
+            if f >= 0:
+                self.sp_hist[f][ln] += 1
+
+    def key(self, flow_id: int) -> tuple[str, str, int, int, int]:
+        kb = self.keys[flow_id]
+        ver = kb[0]
+        if ver == 4:
+            src, dst = str(ipaddress.IPv4Address(kb[1:5])), str(ipaddress.IPv4Address(kb[17:21]))
+        else:
+            src, dst = str(ipaddress.IPv6Address(kb[1:17])), str(ipaddress.IPv6Address(kb[17:33]))
+        return src, dst, int.from_bytes(kb[33:35], "big"), int.from_bytes(kb[35:37], "big"), ver
+
+    def columns(self) -> dict[str, list]:
+        """The flows table (one row per flow direction), in flow_id order."""
+        n = len(self.keys)
+        cols: dict[str, list] = {k: [] for k in (
+            "flow_id", "ip_version", "src", "dst", "sport", "dport", "first_frame", "ts_first_ns", "ts_last_ns",
+            "packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "max_payload_len", "mss",
+            "p50_payload_len", "p99_payload_len", "superpackets", "p50_superpacket_len", "p99_superpacket_len",
+            "max_superpacket_len", "retransmissions", "out_of_order", "capture_gap_bytes")}
+        for f in range(n):
+            src, dst, sport, dport, ver = self.key(f)
+            p50, p99, _ = _percentiles(self.hist[f])
+            s50, s99, smax = _percentiles(self.sp_hist[f])
+            row = dict(flow_id=f, ip_version=ver, src=src, dst=dst, sport=sport, dport=dport,
+                       first_frame=int(self.first_frame[f]), ts_first_ns=int(self.ts_first[f]),
+                       ts_last_ns=int(self.ts_last[f]), packets=int(self.packets[f]),
+                       payload_bytes=int(self.payload_bytes[f]), wire_bytes=int(self.wire_bytes[f]),
+                       bigtcp_packets=int(self.bigtcp_packets[f]), max_payload_len=int(self.max_payload[f]),
+                       mss=int(self.mss[f]) or None, p50_payload_len=p50, p99_payload_len=p99,
+                       superpackets=sum(self.sp_hist[f].values()), p50_superpacket_len=s50,
+                       p99_superpacket_len=s99, max_superpacket_len=smax,
+                       retransmissions=int(self.retrans[f]), out_of_order=int(self.ooo[f]),
+                       capture_gap_bytes=int(self.gap_total[f]))
+            for k, v in row.items():
+                cols[k].append(v)
+        return cols
+
+
+def _percentiles(hist: Counter) -> tuple[int | None, int | None, int | None]:
+    """Nearest-rank p50 and p99 and the maximum of a length histogram (None when empty)."""
+    total = sum(hist.values())
+    if not total:
+        return None, None, None
+    items = sorted(hist.items())
+    out = []
+    for q in (0.50, 0.99):
+        rank = max(1, int(np.ceil(q * total)))
+        acc = 0
+        for v, c in items:
+            acc += c
+            if acc >= rank:
+                out.append(v)
+                break
+    return out[0], out[1], items[-1][0]

@@ -1,0 +1,106 @@
+"""Streaming Parquet sinks with provenance metadata.
+
+Each table is written batch by batch (``ParquetWriter``), so memory does not grow with the capture. The
+key-value metadata (``bigtcp_pcap.*`` keys, JSON values) is added when the table is closed, because only then
+is it known whether the run was partial.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..decode.schema import BIGTCP_NAMES, TUNNEL_NAMES, PacketBatch
+
+BIGTCP_TYPE = pa.dictionary(pa.int8(), pa.string())
+TS_TYPE = pa.timestamp("ns", tz="UTC")
+
+PACKETS_SCHEMA = pa.schema([
+    ("frame", pa.uint64()), ("ts_ns", TS_TYPE), ("caplen", pa.uint32()), ("wirelen", pa.uint32()),
+    ("linktype", pa.uint16()), ("if_id", pa.uint32()), ("flow_id", pa.int64()), ("tunnel", BIGTCP_TYPE),
+    ("ip_version", pa.uint8()), ("ip_len", pa.uint32()), ("ip_len_field", pa.uint32()), ("bigtcp", BIGTCP_TYPE),
+    ("jumbo_len", pa.uint32()), ("ext_len", pa.uint16()), ("ttl", pa.uint8()), ("tos", pa.uint8()),
+    ("ip_id", pa.uint16()), ("flow_label", pa.uint32()), ("l4_proto", pa.uint8()), ("sport", pa.uint16()),
+    ("dport", pa.uint16()), ("tcp_seq", pa.uint32()), ("tcp_ack", pa.uint32()), ("tcp_flags", pa.uint16()),
+    ("tcp_win", pa.uint16()), ("tcp_hdr_len", pa.uint8()), ("tcp_payload_len", pa.uint32()),
+    ("tcp_mss", pa.uint16()), ("tcp_ts_val", pa.uint32()), ("udp_len", pa.uint32()), ("status", pa.uint16()),
+])
+
+FINDINGS_SCHEMA = pa.schema([("frame", pa.uint64()), ("code", pa.string()), ("severity", pa.string()),
+                             ("message", pa.string())])
+
+
+def _dict_array(codes: np.ndarray, names: tuple[str, ...]) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8)), pa.array(list(names)))
+
+
+def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
+    l4 = pb.l4_off >= 0
+    is_tcp = l4 & (pb.l4_proto == 6)
+    is_l4 = l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))
+    cols = {
+        "frame": pa.array(pb.frame), "ts_ns": pa.array(pb.ts_ns.view("datetime64[ns]"), TS_TYPE),
+        "caplen": pa.array(pb.caplen), "wirelen": pa.array(pb.wirelen), "linktype": pa.array(pb.linktype),
+        "if_id": pa.array(pb.if_id), "flow_id": pa.array(flow_id, mask=flow_id < 0),
+        "tunnel": _dict_array(pb.tunnel, TUNNEL_NAMES),
+        "ip_version": pa.array(pb.ip_version, mask=pb.ip_version == 0),
+        "ip_len": pa.array(pb.ip_len, mask=pb.ip_version == 0),
+        "ip_len_field": pa.array(pb.ip_len_field, mask=pb.ip_version == 0),
+        "bigtcp": _dict_array(pb.bigtcp, BIGTCP_NAMES),
+        "jumbo_len": pa.array(pb.jumbo_len, mask=~pb.has_jumbo),
+        "ext_len": pa.array(pb.ext_len), "ttl": pa.array(pb.ttl), "tos": pa.array(pb.tos),
+        "ip_id": pa.array(pb.ip_id), "flow_label": pa.array(pb.flow_label),
+        "l4_proto": pa.array(pb.l4_proto, mask=pb.ip_version == 0),
+        "sport": pa.array(pb.sport, mask=~is_l4), "dport": pa.array(pb.dport, mask=~is_l4),
+        "tcp_seq": pa.array(pb.tcp_seq, mask=~is_tcp), "tcp_ack": pa.array(pb.tcp_ack, mask=~is_tcp),
+        "tcp_flags": pa.array(pb.tcp_flags, mask=~is_tcp), "tcp_win": pa.array(pb.tcp_win, mask=~is_tcp),
+        "tcp_hdr_len": pa.array(pb.tcp_hdr_len, mask=~is_tcp),
+        "tcp_payload_len": pa.array(pb.tcp_payload_len, mask=~is_tcp),
+        "tcp_mss": pa.array(pb.tcp_mss, mask=pb.tcp_mss == 0),
+        "tcp_ts_val": pa.array(pb.tcp_ts_val, mask=~pb.tcp_has_ts),
+        "udp_len": pa.array(pb.udp_len, mask=~(l4 & (pb.l4_proto == 17))),
+        "status": pa.array(pb.status),
+    }
+    return pa.table(cols, schema=PACKETS_SCHEMA)
+
+
+class TableSink:
+    """One Parquet file written incrementally; ``close()`` adds the provenance metadata."""
+
+    def __init__(self, path: Path, schema: pa.Schema):
+        self.path = Path(path)
+        self.schema = schema
+        self.rows = 0
+        self._writer = pq.ParquetWriter(self.path, schema, compression="zstd")
+
+    def write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._writer.write_table(table.cast(self.schema) if table.schema != self.schema else table)
+            self.rows += table.num_rows
+
+    def write_columns(self, cols: dict) -> None:
+        arrays = []
+        for f in self.schema:
+            x = cols[f.name]
+            arrays.append(x if isinstance(x, pa.Array) else pa.array(x, f.type))
+        self.write(pa.Table.from_arrays(arrays, schema=self.schema))
+
+    def close(self, metadata: dict) -> None:
+        self._writer.add_key_value_metadata({f"bigtcp_pcap.{k}": json.dumps(v, default=str)
+                                             for k, v in metadata.items()})
+        self._writer.close()
+
+
+def read_metadata(path: str | Path) -> dict:
+    """The ``bigtcp_pcap.*`` key-value metadata of a table written by this toolkit, decoded."""
+    md = pq.read_schema(path).metadata or {}
+    out = {}
+    for k, v in md.items():
+        k = k.decode()
+        if k.startswith("bigtcp_pcap."):
+            out[k[len("bigtcp_pcap."):]] = json.loads(v)
+    return out

@@ -1,0 +1,71 @@
+"""The terminal summary of an analysis (rich tables), and the byte-based progress bar."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+
+def _n(x) -> str:
+    return "-" if x is None else f"{x:,}"
+
+
+def render(summary: dict, console: Console) -> None:
+    cap = summary["capture"]
+    head = Table.grid(padding=(0, 2))
+    head.add_row("capture", f"{cap['name']} ({cap['format']}{', ' + cap['compression'] if cap['compression'] else ''})")
+    head.add_row("packets", f"{_n(cap['packets'])} ({_n(cap['bytes_on_wire'])} bytes on the wire, "
+                 f"{cap['duration_s']:.3f} s)")
+    head.add_row("linktypes / snaplen", f"{cap['linktypes']} / {cap['snaplen']}")
+    big = summary["bigtcp"]
+    head.add_row("BIG TCP encodings", ", ".join(f"{k} {_n(v)}" for k, v in big.items()) +
+                 (f" (largest IP length {_n(summary['max_bigtcp_ip_len'])})" if any(big.values()) else ""))
+    sp = summary["superpackets"]
+    g = summary["gro"]
+    head.add_row("GRO model", f"gro_max_size {g.get('gro_max_size')}, gro_ipv4_max_size "
+                 f"{g.get('gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, kernel {g.get('kernel')}")
+    head.add_row("super-packets", f"{_n(sp['count'])}; flush reasons: " +
+                 ", ".join(f"{k} {_n(v)}" for k, v in sp["flush_reasons"].items()))
+    console.print(head)
+
+    if summary["top_flows"]:
+        t = Table(title=f"Top flows by payload bytes ({summary['flows']} flows)", title_justify="left")
+        for col in ("flow", "packets", "payload bytes", "BIG TCP pkts", "MSS", "observed p50/max",
+                    "rebuilt n / p50 / max", "retrans", "gap bytes"):
+            t.add_column(col, justify="right" if col != "flow" else "left")
+        for f in summary["top_flows"]:
+            t.add_row(f"{f['flow_id']}: {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}", _n(f["packets"]),
+                      _n(f["payload_bytes"]), _n(f["bigtcp_packets"]), _n(f["mss"]),
+                      f"{_n(f['p50_payload_len'])} / {_n(f['max_payload_len'])}",
+                      f"{_n(f['superpackets'])} / {_n(f['p50_superpacket_len'])} / {_n(f['max_superpacket_len'])}",
+                      _n(f["retransmissions"]), _n(f["capture_gap_bytes"]))
+        console.print(t)
+    if summary["findings"]:
+        t = Table(title="Findings", title_justify="left")
+        t.add_column("code")
+        t.add_column("count", justify="right")
+        for code, cnt in summary["findings"].items():
+            t.add_row(code, _n(cnt))
+        console.print(t)
+    for line in summary.get("suspect", []):
+        console.print(f"[bold yellow]suspect capture:[/] {line}")
+    if cap["partial"]:
+        console.print(f"[bold red]partial:[/] {cap['error']}")
+
+
+@contextmanager
+def progress_bar(enabled: bool, console: Console):
+    """Yields a callback(bytes_read, total) drawing a transient byte-based bar on stderr, or a no-op."""
+    if not enabled:
+        yield None
+        return
+    prog = Progress(TextColumn("reading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    TimeRemainingColumn(), console=console, transient=True)
+    task = prog.add_task("read", total=None)
+    with prog:
+        def update(done: int, total: int | None) -> None:
+            prog.update(task, completed=done, total=total)
+        yield update

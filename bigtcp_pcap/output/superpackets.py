@@ -1,0 +1,41 @@
+"""The superpackets table: one row per super-packet the GRO engine rebuilt or the capture showed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ..decode.schema import BIGTCP_NAMES
+from .parquet import BIGTCP_TYPE, TS_TYPE
+
+SUPERPACKETS_SCHEMA = pa.schema([
+    ("flow_id", pa.int64()), ("src", pa.string()), ("dst", pa.string()), ("sport", pa.uint16()),
+    ("dport", pa.uint16()), ("seq_first", pa.uint32()), ("payload_len", pa.uint32()),
+    ("n_segments", pa.uint32()), ("l3_len", pa.uint32()), ("frame_len", pa.uint32()), ("bigtcp", BIGTCP_TYPE),
+    ("first_frame", pa.uint64()), ("last_frame", pa.uint64()), ("ts_first_ns", TS_TYPE),
+    ("ts_last_ns", TS_TYPE), ("flush_reason", BIGTCP_TYPE), ("source", BIGTCP_TYPE),
+])
+SOURCE_NAMES = ("rebuilt", "observed")
+
+
+def superpackets_columns(spb, flows) -> dict:
+    """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table."""
+    fid = np.asarray(spb.flow_id)
+    addr = {f: flows.key(f)[:2] for f in np.unique(fid).tolist() if f >= 0}
+    names = spb.reason_names()
+    return {
+        "flow_id": fid,
+        "src": [addr.get(f, (None, None))[0] for f in fid.tolist()],
+        "dst": [addr.get(f, (None, None))[1] for f in fid.tolist()],
+        "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
+        "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
+        "bigtcp": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.bigtcp).astype(np.int8)),
+                                                 pa.array(list(BIGTCP_NAMES))),
+        "first_frame": spb.first_frame, "last_frame": spb.last_frame,
+        "ts_first_ns": np.asarray(spb.ts_first_ns).view("datetime64[ns]"),
+        "ts_last_ns": np.asarray(spb.ts_last_ns).view("datetime64[ns]"),
+        "flush_reason": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.flush_reason).astype(np.int8)),
+                                                       pa.array(list(names))),
+        "source": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.source).astype(np.int8)),
+                                                 pa.array(list(SOURCE_NAMES))),
+    }
