@@ -33,7 +33,7 @@ from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
 if TYPE_CHECKING:
     import pandas as pd
 
-SAMPLE_NAME = "sample-bigtcp-v6.pcap"
+SAMPLE_NAME = "sample-bigtcp.pcap"
 
 
 def sample_capture() -> Path:
@@ -234,7 +234,7 @@ class _Stats:
 
     def add_superpackets(self, spb) -> None:
         self.sp_rows += len(spb)
-        names = spb.reason_names()
+        names = spb.reason_names
         for c, k in zip(*np.unique(spb.flush_reason, return_counts=True)):
             self.sp_reasons[names[int(c)]] += int(k)
 

@@ -74,7 +74,8 @@ def analyze(
     if as_json:
         typer.echo(json.dumps(result.summary, default=str))
     else:
-        render(result.summary, Console())
+        out = Console()
+        render(result.summary, out if out.is_terminal else Console(width=160))
         err.print(f"tables written to {outdir}/", highlight=False)
     if result.error is not None:
         raise _fail(result.error.one_line() + " (tables written, marked partial)", EXIT_CAPTURE)

@@ -26,16 +26,15 @@ def render(summary: dict, console: Console) -> None:
     sp = summary["superpackets"]
     g = summary["gro"]
     head.add_row("GRO model", f"gro_max_size {g.get('gro_max_size')}, gro_ipv4_max_size "
-                 f"{g.get('gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, kernel {g.get('kernel')}")
+                 f"{g.get('effective_gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, kernel {g.get('kernel')}")
     head.add_row("super-packets", f"{_n(sp['count'])}; flush reasons: " +
                  ", ".join(f"{k} {_n(v)}" for k, v in sp["flush_reasons"].items()))
     console.print(head)
 
     if summary["top_flows"]:
         t = Table(title=f"Top flows by payload bytes ({summary['flows']} flows)", title_justify="left")
-        for col in ("flow", "packets", "payload bytes", "BIG TCP pkts", "MSS", "observed p50/max",
-                    "rebuilt n / p50 / max", "retrans", "gap bytes"):
-            t.add_column(col, justify="right" if col != "flow" else "left")
+        for col in ("flow", "pkts", "payload", "BIG TCP", "MSS", "seen p50/max", "GRO n p50/max", "retx", "gap"):
+            t.add_column(col, justify="right" if col != "flow" else "left", no_wrap=True)
         for f in summary["top_flows"]:
             t.add_row(f"{f['flow_id']}: {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}", _n(f["packets"]),
                       _n(f["payload_bytes"]), _n(f["bigtcp_packets"]), _n(f["mss"]),

@@ -22,7 +22,7 @@ def superpackets_columns(spb, flows) -> dict:
     """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table."""
     fid = np.asarray(spb.flow_id)
     addr = {f: flows.key(f)[:2] for f in np.unique(fid).tolist() if f >= 0}
-    names = spb.reason_names()
+    names = spb.reason_names
     return {
         "flow_id": fid,
         "src": [addr.get(f, (None, None))[0] for f in fid.tolist()],
