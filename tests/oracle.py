@@ -46,3 +46,55 @@ def write_pcap(path: Path, packets: list[bytes | tuple[bytes, int]], linktype: i
         out.append(struct.pack("<IIII", 1_700_000_000 + i, 1000 * i, len(data), wl) + data)
     path.write_bytes(b"".join(out))
     return path
+
+
+def _pad4(b: bytes) -> bytes:
+    return b + b"\x00" * (-len(b) % 4)
+
+
+def pcapng_block(btype: int, body: bytes, e: str = "<") -> bytes:
+    body = _pad4(body)
+    n = 12 + len(body)
+    return struct.pack(e + "II", btype, n) + body + struct.pack(e + "I", n)
+
+
+def pcapng_shb(e: str = "<") -> bytes:
+    return pcapng_block(0x0A0D0D0A, struct.pack(e + "IHHq", 0x1A2B3C4D, 1, 0, -1), e)
+
+
+def pcapng_idb(linktype: int, snaplen: int = 0, tsresol: int | None = None, tsoffset: int | None = None,
+               e: str = "<") -> bytes:
+    opts = b""
+    if tsresol is not None:
+        opts += struct.pack(e + "HH", 9, 1) + _pad4(bytes([tsresol]))
+    if tsoffset is not None:
+        opts += struct.pack(e + "HHq", 14, 8, tsoffset)
+    if opts:
+        opts += struct.pack(e + "HH", 0, 0)
+    return pcapng_block(1, struct.pack(e + "HHI", linktype, 0, snaplen) + opts, e)
+
+
+def pcapng_epb(if_id: int, ts_units: int, data: bytes, wirelen: int | None = None, e: str = "<") -> bytes:
+    wl = len(data) if wirelen is None else wirelen
+    return pcapng_block(6, struct.pack(e + "IIIII", if_id, ts_units >> 32, ts_units & 0xFFFFFFFF, len(data), wl)
+                        + data, e)
+
+
+def pcapng_spb(data: bytes, wirelen: int | None = None, e: str = "<") -> bytes:
+    return pcapng_block(3, struct.pack(e + "I", len(data) if wirelen is None else wirelen) + data, e)
+
+
+def pcapng_pb(if_id: int, ts_units: int, data: bytes, e: str = "<") -> bytes:
+    return pcapng_block(2, struct.pack(e + "HHIIII", if_id, 0, ts_units >> 32, ts_units & 0xFFFFFFFF, len(data),
+                                       len(data)) + data, e)
+
+
+def read_pcap_records(path: Path) -> list[tuple[bytes, int]]:
+    """(data, wirelen) of each record of a little-endian classic pcap (test input preparation only)."""
+    raw = path.read_bytes()
+    out, p = [], 24
+    while p + 16 <= len(raw):
+        _, _, incl, orig = struct.unpack("<IIII", raw[p:p + 16])
+        out.append((raw[p + 16:p + 16 + incl], orig))
+        p += 16 + incl
+    return out

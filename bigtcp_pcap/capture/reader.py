@@ -86,6 +86,7 @@ class CaptureReader:
         self._buf = np.empty(0, np.uint8)
         self._base = 0  # stream offset of _buf[0]
         self._frame = 1
+        self._stream_error: tuple[str, int] | None = None
 
     # --- buffer management --------------------------------------------------------------------------------
     def _fill(self, keep_from: int, need: int) -> bool:
@@ -96,21 +97,15 @@ class CaptureReader:
         new[:rest.shape[0]] = rest
         have = rest.shape[0]
         mv = memoryview(new)
+        # decompressors raise at a corrupt point and drop what they decoded in that call: read small steps
+        step = 1 << 16 if self.src.compression else 0
         while have < size and not self._eof:
             try:
-                got = self.src.stream.readinto(mv[have:])
-            except (OSError, EOFError, ValueError) as e:  # corrupt or truncated compressed stream
-                self._eof = True
-                self._base += keep_from
-                self._buf = new[:have]
-                raise CaptureError(self.info.name, f"{self.src.compression or 'stream'} error: {e}",
-                                   frame=self._frame, offset=self._base + have) from None
-            except Exception as e:  # zstandard raises its own ZstdError
-                self._eof = True
-                self._base += keep_from
-                self._buf = new[:have]
-                raise CaptureError(self.info.name, f"{self.src.compression} error: {e}",
-                                   frame=self._frame, offset=self._base + have) from None
+                got = self.src.stream.readinto(mv[have:have + step] if step else mv[have:])
+            except Exception as e:  # corrupt or truncated compressed stream (zlib, lzma, bz2, zstd errors)
+                # keep what was decompressed; the walk uses it and raises this once it needs more
+                self._stream_error = (f"{self.src.compression or 'stream'} error: {e}", self._base + keep_from + have)
+                got = 0
             if not got:
                 self._eof = True
                 break
@@ -119,6 +114,11 @@ class CaptureReader:
         self._buf = new[:have]
         return have >= need
 
+    def _raise_stream_error(self) -> None:
+        if self._stream_error is not None:
+            msg, offset = self._stream_error
+            raise self._err(msg, offset)
+
     def _err(self, msg: str, offset: int) -> CaptureError:
         return CaptureError(self.info.name, msg, frame=self._frame, offset=offset)
 
@@ -126,6 +126,7 @@ class CaptureReader:
     def __iter__(self) -> Iterator[RecordBatch]:
         try:
             if not self._fill(0, 4) and self._buf.shape[0] == 0:
+                self._raise_stream_error()
                 raise self._err("empty capture file", 0)
             if self._buf.shape[0] < 4:
                 raise self._err("file too short to be a capture", 0)
@@ -212,8 +213,10 @@ class CaptureReader:
             # NEED: refill keeping the partial record
             avail = self._buf.shape[0] - rec
             if avail == 0 and self._eof:
+                self._raise_stream_error()
                 return
             if not self._fill(rec, int(need)):
+                self._raise_stream_error()
                 have = self._buf.shape[0]
                 if have == 0:
                     return
@@ -249,7 +252,7 @@ class CaptureReader:
                 if not self._ensure(rec, 12):
                     raise self._err("truncated pcapng block header", at)
                 rec = 0
-                btype = int.from_bytes(self._buf[0:4].tobytes(), "little")
+                btype = int.from_bytes(self._buf[0:4].tobytes(), "big" if be else "little")
                 if btype == walk.PCAPNG_SHB:
                     if not self._ensure(0, 12):
                         raise self._err("truncated section header", at)
@@ -277,8 +280,10 @@ class CaptureReader:
             if status == walk.NEED:
                 avail = self._buf.shape[0] - rec
                 if avail == 0 and self._eof:
+                    self._raise_stream_error()
                     return
                 if not self._fill(rec, int(need)):
+                    self._raise_stream_error()
                     raise self._err(f"truncated pcapng block: {self._buf.shape[0]} of {int(need)} bytes present "
                                     "at end of file", self._base)
                 pos = 0

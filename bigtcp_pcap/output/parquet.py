@@ -97,7 +97,7 @@ class TableSink:
 
 def read_metadata(path: str | Path) -> dict:
     """The ``bigtcp_pcap.*`` key-value metadata of a table written by this toolkit, decoded."""
-    md = pq.read_schema(path).metadata or {}
+    md = pq.read_metadata(path).metadata or {}
     out = {}
     for k, v in md.items():
         k = k.decode()
