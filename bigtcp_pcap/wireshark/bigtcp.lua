@@ -14,6 +14,7 @@
 --   bigtcp.superpacket  uint32  GRO super-packet id
 --   bigtcp.flush_reason string  why the GRO engine flushed it
 --   bigtcp.filter_miss  string  one per audited capture filter that misses this frame (the filter text)
+--   bigtcp.filter_false_match  string  one per audited capture filter that wrongly matches this frame
 --   bigtcp.finding      string  one per finding code (bigtcp_pcap/findings.py), also raised as expert info
 --   bigtcp.sidecar      string  sidecar status (applied / refused: reason)
 --
@@ -52,12 +53,13 @@ local pf = {
     superpacket = ProtoField.uint32("bigtcp.superpacket", "GRO super-packet id", base.DEC),
     flush_reason = ProtoField.string("bigtcp.flush_reason", "GRO flush reason"),
     filter_miss = ProtoField.string("bigtcp.filter_miss", "Capture filter that misses this frame"),
+    filter_false_match = ProtoField.string("bigtcp.filter_false_match", "Capture filter that wrongly matches this frame"),
     finding = ProtoField.string("bigtcp.finding", "bigtcp-pcap finding code"),
     sidecar = ProtoField.string("bigtcp.sidecar", "Sidecar"),
 }
 bigtcp.fields = {
     pf.kind, pf.ip_len, pf.tcp_len, pf.gso_segs, pf.mss, pf.mss_source,
-    pf.superpacket, pf.flush_reason, pf.filter_miss, pf.finding, pf.sidecar,
+    pf.superpacket, pf.flush_reason, pf.filter_miss, pf.filter_false_match, pf.finding, pf.sidecar,
 }
 
 -- ---------------------------------------------------------------------------------------------------------
@@ -268,6 +270,7 @@ local function load_sidecar(path)
                         superpacket = tonumber(cell("superpacket") or ""),
                         flush_reason = unescape(cell("flush_reason")),
                         filter_miss = split(cell("filter_miss") or "", ","),
+                        filter_false_match = split(cell("filter_false_match") or "", ","),
                         findings = split(cell("findings") or "", ","),
                         wirelen = tonumber(cell("wirelen") or ""),
                         ts_ns = cell("ts_ns"),
@@ -589,6 +592,9 @@ function bigtcp.dissector(tvb, pinfo, tree)
         end
         for _, id in ipairs(row.filter_miss) do
             t:add(pf.filter_miss, hdr_range, sc.filters[id] or id):set_generated()
+        end
+        for _, id in ipairs(row.filter_false_match) do
+            t:add(pf.filter_false_match, hdr_range, sc.filters[id] or id):set_generated()
         end
         for _, item in ipairs(row.findings) do
             -- CODE or CODE=VALUE (VALUE fills {value} in the code's message template)

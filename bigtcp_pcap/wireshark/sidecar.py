@@ -10,8 +10,8 @@ Format, version 1 (UTF-8, ``\\n`` line ends, fields separated by one TAB)::
     # capture<TAB>NAME<TAB>SIZE<TAB>FIRST_TS_NS
     # frames<TAB>N                                  (optional: frames in the capture)
     # filter<TAB>ID<TAB>EXPRESSION                  (zero or more: the audited filters, ID = 1, 2, ...)
-    frame<TAB>superpacket<TAB>flush_reason<TAB>filter_miss<TAB>findings<TAB>wirelen<TAB>ts_ns
-    1<TAB>1<TAB>psh<TAB>1,2<TAB>ipv6.jumbo.too_small<TAB>94<TAB>1764684846123456789
+    frame<TAB>superpacket<TAB>flush_reason<TAB>filter_miss<TAB>filter_false_match<TAB>findings<TAB>wirelen<TAB>ts_ns
+    7<TAB>3<TAB>psh<TAB>1,2<TAB><TAB>ipv6.jumbo.too_small=1028<TAB>94<TAB>1764684846123456789
     ...
 
 * Line 1 is the magic/version line; every other line starting with ``#`` is a header line ``# KEY<TAB>...``.
@@ -21,8 +21,8 @@ Format, version 1 (UTF-8, ``\\n`` line ends, fields separated by one TAB)::
 * The first line not starting with ``#`` is the column header; readers find columns by name, so columns may be
   added later. ``frame`` is required; it is Wireshark's ``frame.number`` (1-based).
 * Data rows are sorted by frame, one per frame at most. An empty cell means "none".
-  ``superpacket``: integer id. ``flush_reason``: text. ``filter_miss``: comma-separated filter IDs from the
-  ``# filter`` lines. ``findings``: comma-separated codes from ``bigtcp_pcap.findings`` (``[a-z0-9._]``).
+  ``superpacket``: integer id. ``flush_reason``: text. ``filter_miss``: comma-separated IDs (``# filter`` lines) of the
+  filters that miss the frame; ``filter_false_match``: the same for filters that match it wrongly. ``findings``: comma-separated codes from ``bigtcp_pcap.findings`` (``[a-z0-9._]``).
   ``wirelen`` / ``ts_ns``: the frame's original length and timestamp (ns), optional but recommended: when
   present the plugin checks them on every row it applies.
   ``findings`` items are ``CODE`` or ``CODE=VALUE``; VALUE fills ``{value}`` in the code's message template.
@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 MAGIC = "# bigtcp-pcap sidecar v1"
-COLUMNS = ("frame", "superpacket", "flush_reason", "filter_miss", "findings", "wirelen", "ts_ns")
+COLUMNS = ("frame", "superpacket", "flush_reason", "filter_miss", "filter_false_match", "findings", "wirelen",
+           "ts_ns")
 SUFFIX = ".bigtcp.tsv"
 
 _ESC = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -154,8 +155,9 @@ def write_sidecar(path: str | os.PathLike, *, capture_name: str, capture_size: i
     """Write a sidecar v1 file (format in the module docstring) and return its path.
 
     ``rows``: per-frame records (mappings, objects with attributes, or a pandas DataFrame) with ``frame`` (int)
-    and any of ``superpacket`` (int or None), ``flush_reason`` (str or None), ``filter_miss`` (list of filter
-    expressions), ``findings`` (list of finding codes), ``wirelen`` and ``ts_ns`` (ints, optional: enable the
+    and any of ``superpacket`` (int or None), ``flush_reason`` (str or None), ``filter_miss`` and
+    ``filter_false_match`` (lists of filter expressions), ``findings`` (codes: ``"code"``, ``"code=value"``,
+    ``(code, value)`` or ``{"code":, "value":}``; the value fills the code's message template), ``wirelen`` and ``ts_ns`` (ints, optional: enable the
     plugin's per-frame check). Rows are written sorted by frame; a frame given twice is an error.
     ``frames``: total frames in the capture (optional; the plugin refuses the sidecar past that frame).
     ``filters``: every audited filter expression, so that the header lists them all (those that miss no frame
@@ -175,11 +177,13 @@ def write_sidecar(path: str | os.PathLike, *, capture_name: str, capture_size: i
         if fr in seen:
             raise ValueError(f"sidecar row for frame {fr} given twice")
         seen.add(fr)
-        miss_ids = []
-        for expr in _as_list(_get(row, "filter_miss")):
-            if expr not in filter_ids:
-                filter_ids[expr] = len(filter_ids) + 1
-            miss_ids.append(str(filter_ids[expr]))
+        ids: dict[str, list[str]] = {}
+        for key in ("filter_miss", "filter_false_match"):
+            ids[key] = []
+            for expr in _as_list(_get(row, key)):
+                if expr not in filter_ids:
+                    filter_ids[expr] = len(filter_ids) + 1
+                ids[key].append(str(filter_ids[expr]))
         codes = []
         for item in _finding_items(_get(row, "findings")):
             code, value = item
@@ -191,7 +195,8 @@ def write_sidecar(path: str | os.PathLike, *, capture_name: str, capture_size: i
             str(fr),
             _int_cell(_get(row, "superpacket")),
             "" if _missing(reason) else escape(str(reason)),
-            ",".join(miss_ids),
+            ",".join(ids["filter_miss"]),
+            ",".join(ids["filter_false_match"]),
             ",".join(codes),
             _int_cell(_get(row, "wirelen")),
             _int_cell(_get(row, "ts_ns")),
@@ -220,6 +225,7 @@ class SidecarRow:
     superpacket: int | None = None
     flush_reason: str | None = None
     filter_miss: list[str] = field(default_factory=list)  # filter expressions (resolved from the ids)
+    filter_false_match: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # codes
     finding_values: dict[str, str] = field(default_factory=dict)  # code -> VALUE of CODE=VALUE items
     wirelen: int | None = None
@@ -286,6 +292,7 @@ def read_sidecar(path: str | os.PathLike) -> Sidecar:
             superpacket=int(cell("superpacket")) if cell("superpacket") else None,
             flush_reason=unescape(cell("flush_reason")) if cell("flush_reason") else None,
             filter_miss=[filters.get(int(i), i) for i in cell("filter_miss").split(",") if i],
+            filter_false_match=[filters.get(int(i), i) for i in cell("filter_false_match").split(",") if i],
             findings=codes,
             finding_values=values,
             wirelen=int(cell("wirelen")) if cell("wirelen") else None,

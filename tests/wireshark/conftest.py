@@ -81,12 +81,12 @@ def run_tshark(home: Path, capture: Path, args: list[str], *, plugin: bool = Tru
 def fields(home: Path, capture: Path, names: list[str], extra: list[str] = (), **kw) -> list[list[str]]:
     """-T fields rows (one list per frame; multiple values of one field joined by ',')."""
     args = list(extra) + ["-T", "fields", "-E", "separator=/t", "-E", "occurrence=a", "-E", "aggregator=,"]
-    for n in [*names, "_ws.lua.error", "_ws.expert.message"]:
+    for n in [*names, "_ws.lua.error"]:
         args += ["-e", n]
     r = run_tshark(home, capture, args, **kw)
     rows = [line.split("\t") for line in r.stdout.splitlines()]
     for row in rows:
-        assert row[len(names)] == "", f"{capture.name}: Lua error in frame {row}: {row[-1]}"
+        assert row[len(names)] == "", f"{capture.name}: Lua error in frame {row}"
     return [row[: len(names)] for row in rows]
 
 
