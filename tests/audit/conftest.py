@@ -103,6 +103,32 @@ def tcpdump_error(expr: str) -> str:
     return line.removeprefix("tcpdump: ")
 
 
+def check_against_oracles(capture: Path, expr: str, display_filter: str):
+    """Audit ``expr`` on ``capture`` and check every number and every mis-classified frame against tshark's
+    ``display_filter`` (truth) and tcpdump (kept frames); re-run any suggestion with tcpdump."""
+    import numpy as np
+
+    from bigtcp_pcap.audit import audit_capture
+    from bigtcp_pcap.audit.cbpf import FALSE_MATCH, MISSED
+
+    truth = tshark_frames(capture, display_filter)
+    kept = tcpdump_frames(capture, expr)
+    r = audit_capture(expr, capture)
+    frames = r.frame.astype(np.int64)
+    assert r.truth == len(truth)
+    assert r.matched == len(kept)
+    assert set(frames[r.verdict == MISSED].tolist()) == truth - kept
+    assert set(frames[r.verdict == FALSE_MATCH].tolist()) == kept - truth
+    assert r.missed == len(truth - kept) and r.false_matches == len(kept - truth)
+    if not r.clean:
+        assert r.suggestion_verified is True, r.notes
+        assert tcpdump_frames(capture, r.suggestion) == truth
+        assert tcpdump_count(capture, r.suggestion) == len(truth)
+    else:
+        assert r.suggestion is None
+    return r, truth, kept
+
+
 # --- frame builders (struct only) -------------------------------------------------------------------------------
 MACS = bytes.fromhex("020000000002" "020000000001")
 SRC6 = bytes.fromhex("fd00b100000000000000000000000001")
@@ -169,3 +195,14 @@ def write_pcap(path: Path, packets: list[tuple[bytes, int]], linktype: int = 1, 
         out.append(struct.pack("<IIII", 1_700_000_000 + i, i, len(data), wirelen) + data)
     path.write_bytes(b"".join(out))
     return path
+
+
+def decode_packets(path: Path, packets: list[tuple[bytes, int]], linktype: int = 1):
+    """Write ``packets`` to a pcap at ``path`` and return (RecordBatch, PacketBatch) from the project's reader
+    and decoder (one batch)."""
+    from bigtcp_pcap.decode import decode
+
+    write_pcap(path, packets, linktype)
+    (rb,) = list(read_batches(path))
+    pb, _ = decode(rb)
+    return rb, pb

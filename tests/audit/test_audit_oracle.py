@@ -10,16 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigtcp_pcap.audit import audit_capture
-from bigtcp_pcap.audit.cbpf import FALSE_MATCH, MISSED
+from bigtcp_pcap.audit.cbpf import MISSED
 
 from .conftest import (
+    check_against_oracles,
     external_capture,
     kernel_capture,
     needs_tcpdump,
     needs_tshark,
-    tcpdump_count,
-    tcpdump_frames,
     tshark_frames,
 )
 
@@ -42,25 +40,6 @@ CASES = ([(c, e, y) for c in V6_RCV for e, y in V6_FILTERS] + [(c, e, y) for c i
          + [("v6_65536.rcv.pcap", "tcp port 5201", "tcp.port == 5201"),
             ("v6_185000.snd.pcap", "tcp port 5201", "tcp.port == 5201"),
             ("v4_65536.rcv.pcap", "ip[2:2] > 1500", "ip.len > 1500")])
-
-
-def check_against_oracles(capture, expr: str, display_filter: str):
-    truth = tshark_frames(capture, display_filter)
-    kept = tcpdump_frames(capture, expr)
-    r = audit_capture(expr, capture)
-    frames = r.frame.astype(np.int64)
-    assert r.truth == len(truth)
-    assert r.matched == len(kept)
-    assert set(frames[r.verdict == MISSED].tolist()) == truth - kept
-    assert set(frames[r.verdict == FALSE_MATCH].tolist()) == kept - truth
-    assert r.missed == len(truth - kept) and r.false_matches == len(kept - truth)
-    if not r.clean:
-        assert r.suggestion_verified is True, r.notes
-        assert tcpdump_frames(capture, r.suggestion) == truth
-        assert tcpdump_count(capture, r.suggestion) == len(truth)
-    else:
-        assert r.suggestion is None
-    return r, truth, kept
 
 
 @needs_tshark

@@ -1,0 +1,82 @@
+"""The normalized copy is the frame the kernel would have written without the BIG TCP encoding."""
+
+from __future__ import annotations
+
+import struct
+
+from bigtcp_pcap.audit import normalize as nz
+from bigtcp_pcap.decode.schema import BIGTCP_HBH_JUMBO, BIGTCP_V4_TOTLEN0, BIGTCP_V6_PLEN0, TUNNEL_NONE
+
+from .conftest import (
+    decode_packets,
+    eth,
+    ipv4_hdr,
+    ipv6_hdr,
+    tcp_hdr,
+    udp_hdr,
+    v4_tcp,
+    v6_hbh_tcp,
+    v6_plen0_tcp,
+    v6_tcp,
+)
+
+
+def normalized(tmp_path, pkt):
+    _, pb = decode_packets(tmp_path / "one.pcap", [pkt])
+    f = nz.L3Fields.from_batch(pb, 0)
+    return pb, f, nz.normalize_frame(pkt[0], pkt[1], f)
+
+
+def test_hbh_jumbo_is_removed_and_payload_len_capped(tmp_path):
+    payload = 80000
+    pb, f, (new, wirelen) = normalized(tmp_path, v6_hbh_tcp(payload, snap=None))
+    assert pb.bigtcp[0] == BIGTCP_HBH_JUMBO and f.ext_len == 8
+    seg = tcp_hdr() + bytes(payload)
+    assert new == eth(0x86DD) + ipv6_hdr(min(len(seg), 65535), 6) + seg
+    assert wirelen == len(new)
+
+
+def test_truncated_frame_keeps_its_snaplen_cut(tmp_path):
+    pkt = v6_hbh_tcp(80000, snap=96)
+    _, _, (new, wirelen) = normalized(tmp_path, pkt)
+    assert len(new) == 96 - 8 and wirelen == pkt[1] - 8
+    assert new[14 + 4:14 + 7] == struct.pack("!HB", 65535, 6)
+    assert new[14 + 40:] == pkt[0][14 + 48:]
+
+
+def test_ipv6_payload_len_0_without_hbh(tmp_path):
+    pkt = v6_plen0_tcp(70000)
+    pb, _, (new, wirelen) = normalized(tmp_path, pkt)
+    assert pb.bigtcp[0] == BIGTCP_V6_PLEN0
+    assert new == pkt[0][:18] + struct.pack("!H", 65535) + pkt[0][20:] and wirelen == pkt[1]
+
+
+def test_ipv4_tot_len_0_restored(tmp_path):
+    for payload in (1976, 80000):
+        pkt = v4_tcp(payload, totlen0=True)
+        pb, _, (new, wirelen) = normalized(tmp_path, pkt)
+        assert pb.bigtcp[0] == BIGTCP_V4_TOTLEN0
+        assert struct.unpack_from("!H", new, 16)[0] == min(20 + 20 + payload, 65535)
+        assert new[:16] == pkt[0][:16] and new[18:] == pkt[0][18:] and wirelen == pkt[1]
+
+
+def test_plain_frames_are_left_alone(tmp_path):
+    for pkt in (v6_tcp(100), v4_tcp(100)):
+        _, f, (new, wirelen) = normalized(tmp_path, pkt)
+        assert not nz.needs_normalizing(f, pkt[0])
+        assert (new, wirelen) == pkt
+
+
+def test_fragment_and_tunnel_are_not_normalized(tmp_path):
+    frag = struct.pack("!BBHI", 6, 0, 0x1, 7)  # Fragment header, offset 0, M=1
+    seg = tcp_hdr() + bytes(100)
+    fr = eth(0x86DD) + ipv6_hdr(8 + len(seg), 44) + frag + seg
+    _, f, out = normalized(tmp_path, (fr, len(fr)))
+    assert nz.why_not(f, len(fr)) == nz.SKIP_FRAGMENT and out == (fr, len(fr))
+
+    inner = eth(0x86DD) + ipv6_hdr(0, 0) + v6_hbh_tcp(1000, snap=None)[0][54:]
+    vx = struct.pack("!BBHI", 0x08, 0, 0, 0x100 << 8) + inner
+    outer = eth(0x0800) + ipv4_hdr(20 + 8 + len(vx), 17) + udp_hdr(50000, 4789, 8 + len(vx)) + vx
+    pb, f, out = normalized(tmp_path, (outer, len(outer)))
+    assert pb.tunnel[0] != TUNNEL_NONE
+    assert nz.why_not(f, len(outer)) == nz.SKIP_TUNNEL and out == (outer, len(outer))
