@@ -1,0 +1,102 @@
+"""``audit-filter`` through typer: numbers from the oracles, exit codes 0/1/2, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from bigtcp_pcap.audit import libpcap
+from bigtcp_pcap.audit.cli import register
+
+from .conftest import kernel_capture, needs_tcpdump, needs_tshark, tcpdump_count, tcpdump_error, tshark_frames
+
+JSON_KEYS = {"matched", "truth", "missed", "false_matches", "reasons", "suggestion", "suggestion_verified", "flows",
+             "expr", "frames"}
+
+
+@pytest.fixture
+def app():
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def main() -> None:  # keeps typer in multi-command mode, as on the real app
+        pass
+
+    return app
+
+
+def run(app, *args):
+    return CliRunner().invoke(app, ["audit-filter", *args])
+
+
+@needs_tshark
+@needs_tcpdump
+def test_text_report_and_exit_1_when_packets_are_missed(app):
+    cap = kernel_capture("v6_185000.rcv.pcap")
+    truth = len(tshark_frames(cap, "tcp.port == 5201"))
+    kept = tcpdump_count(cap, "tcp port 5201")
+    r = run(app, "tcp port 5201", str(cap))
+    assert r.exit_code == 1, r.output
+    assert f"matched {kept}   truth {truth}   missed {truth - kept}   false matches 0" in r.output
+    assert "ipv6_hbh_jumbo" in r.output and "suggestion (verified" in r.output
+    assert "ip6[48+ip6[41]*8:2]=5201" in r.output
+
+
+@needs_tshark
+@needs_tcpdump
+def test_json_document(app, tmp_path):
+    cap = kernel_capture("mixed_185000.rcv.pcap")
+    truth = tshark_frames(cap, "not tcp")
+    r = run(app, "not tcp", str(cap), "--json", "--parquet", str(tmp_path / "filter_audit.parquet"))
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert JSON_KEYS <= doc.keys()
+    assert doc["truth"] == len(truth) and doc["matched"] == tcpdump_count(cap, "not tcp")
+    assert doc["false_matches"] == doc["matched"] - len(truth) and doc["missed"] == 0
+    assert doc["suggestion_verified"] is True and tcpdump_count(cap, doc["suggestion"]) == len(truth)
+    assert sum(f["false_matches"] for f in doc["flows"]) == doc["false_matches"]
+    assert len(doc["frames"]) == doc["false_matches"]
+    table = pq.read_table(tmp_path / "filter_audit.parquet").to_pandas()
+    assert (table["verdict"] == "false_match").sum() == doc["false_matches"]
+    assert set(table.columns) >= {"frame", "verdict", "reason"}
+
+
+@needs_tshark
+def test_exit_0_on_a_capture_without_big_tcp(app):
+    cap = kernel_capture("v6_65536.rcv.pcap")
+    r = run(app, "tcp port 5201", str(cap), "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert doc["missed"] == doc["false_matches"] == 0 and doc["truth"] == len(tshark_frames(cap, "tcp.port == 5201"))
+    assert doc["suggestion"] is None
+
+
+@needs_tcpdump
+@pytest.mark.parametrize("expr", ["tcp port", "ip6 and tcp[13] & 2 != 0"])
+def test_bad_expression_exit_2_with_libpcaps_text(app, expr):
+    r = run(app, expr, str(kernel_capture("sample.pcap")))
+    assert r.exit_code == 2
+    assert tcpdump_error(expr) in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_missing_libpcap_exit_2_with_install_hint(app, monkeypatch):
+    def no_lib(name, *a, **kw):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(libpcap, "_lib", None)
+    monkeypatch.setattr(libpcap.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(libpcap.ctypes, "CDLL", no_lib)
+    r = run(app, "tcp", str(kernel_capture("sample.pcap")))
+    assert r.exit_code == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "apt-get install libpcap0.8" in r.stderr
+
+
+def test_unreadable_capture_exit_3(app, tmp_path):
+    r = run(app, "tcp", str(tmp_path / "missing.pcap"))
+    assert r.exit_code == 3 and "missing.pcap" in r.stderr
