@@ -28,6 +28,7 @@ from .flows.table import FlowTable
 from .gro.config import GroConfig
 from .gro.engine import GroEngine
 from .output import parquet as P
+from .output.audit import AUDIT_SCHEMA, FilterAudits, audit_rows
 from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Analysis:
     params: dict[str, Any]
     summary: dict[str, Any]
     error: CaptureError | None = None
+    sidecar: Path | None = None
     _tmp: Any = field(default=None, repr=False)
 
     @property
@@ -103,14 +105,19 @@ class Analysis:
 
 def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str | os.PathLike | None = None,
             packets: bool = False, gro: GroConfig | None = None, progress: Callable[[int, int | None], None]
-            | None = None, name: str | None = None, **gro_params: Any) -> Analysis:
+            | None = None, name: str | None = None, filters: list[str] | None = None, audit: bool = True,
+            wireshark_sidecar: bool = False, **gro_params: Any) -> Analysis:
     """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
 
     ``source`` is a path, ``-`` for stdin, a binary file object, or None for the bundled sample.
     GRO parameters may be given as a ``GroConfig`` or as keyword arguments (``gro_max_size=185000``, ...).
     ``progress(bytes_read, total_bytes)`` is called after each batch. A damaged capture does not raise: the
     tables hold everything before the fault and ``Analysis.error`` / the metadata say the run was partial.
+    ``filters``: pcap filter expressions to audit (``filter_audit.parquet``); None audits ``tcp``,
+    ``ip6 and tcp`` and ``tcp port P`` for the busiest port and reports only those that mis-parse.
+    ``wireshark_sidecar``: also write ``<capture>.bigtcp.tsv`` for the Lua plugin (implies ``packets``).
     """
+    packets = packets or wireshark_sidecar
     if source is None:
         source = sample_capture()
     cfg = gro or GroConfig(**gro_params)
@@ -130,6 +137,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
     stats = _Stats()
     error: CaptureError | None = None
+    audits = FilterAudits(filters, enabled=audit)
 
     def emit_superpackets(spb) -> None:
         if len(spb):
@@ -147,6 +155,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             if sink_packets is not None:
                 sink_packets.write(P.packets_table(pb, fid))
             emit_superpackets(engine.feed(pb, fid))
+            audits.feed(rb, pb, fid)
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)
     except CaptureError as e:
@@ -158,7 +167,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
 
     flow_cols = flows.columns()
     _suspect_filtered_capture(flow_cols, stats, sink_findings)
-    params = {"gro": cfg.to_metadata(), "packets": packets}
+    audit_results = audits.finish()
+    params = {"gro": cfg.to_metadata(), "packets": packets, "filters": [r.expr for r in audit_results],
+              "default_filters": filters is None}
     meta = {
         "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
         "source_sha256": info.sha256, "format": info.format, "compression": info.compression,
@@ -168,11 +179,23 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     }
     sink_flows = P.TableSink(out / "flows.parquet", FLOWS_SCHEMA)
     sink_flows.write_columns(flow_cols)
-    for s in (sink_packets, sink_findings, sink_sp, sink_flows):
+    sink_audit = None
+    if audit_results:
+        sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)
+        for r in audit_results:
+            sink_audit.write(audit_rows(r))
+    for s in (sink_packets, sink_findings, sink_sp, sink_flows, sink_audit):
         if s is not None:
             s.close(meta)
     summary = stats.summary(info, flow_cols, error, cfg)
-    return Analysis(outdir=out, info=info, params=params, summary=summary, error=error, _tmp=tmp)
+    summary["filter_audit"] = audits.summary(audit_results)
+    result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error, _tmp=tmp)
+    if wireshark_sidecar:
+        from .wireshark.build import write_analysis_sidecar
+
+        stem = os.path.basename(info.name) if info.name not in ("<stdin>", "<stream>") else "stdin"
+        result.sidecar = write_analysis_sidecar(out / f"{stem}.bigtcp.tsv", analysis=result)
+    return result
 
 
 def _finding_columns(fr: FindingRows) -> dict[str, list]:

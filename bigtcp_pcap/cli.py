@@ -47,6 +47,12 @@ def analyze(
     rx_queues: Annotated[int, typer.Option(help="RX queues (NAPI instances)")] = 1,
     max_gro_skbs: Annotated[int, typer.Option(help="held packets per GRO bucket")] = 8,
     kernel: Annotated[str, typer.Option(help="kernel version behaviour: 6.17, 6.18, 6.19, 7.0")] = "6.18",
+    filters: Annotated[Optional[list[str]], typer.Option(
+        "--filter", help="pcap filter to audit (repeatable); default: tcp, ip6 and tcp, tcp port <busiest>")] = None,
+    no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the filter audit")] = False,
+    plots: Annotated[bool, typer.Option("--plots", help="also write PNG plots to OUTDIR/plots")] = False,
+    wireshark_sidecar: Annotated[bool, typer.Option(
+        "--wireshark-sidecar", help="also write OUTDIR/<capture>.bigtcp.tsv for the Wireshark plugin")] = False,
 ) -> None:
     """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
 
@@ -68,15 +74,24 @@ def analyze(
     show = not no_progress and sys.stderr.isatty()
     try:
         with progress_bar(show, err) as cb:
-            result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=cb)
+            result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=cb, filters=filters,
+                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar)
     except CaptureError as e:  # could not even start (missing file, not a capture)
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    except UsageError as e:  # a bad filter expression, libpcap missing for an explicit --filter
+        raise _fail(str(e), EXIT_USAGE) from None
+    if plots:
+        from .output.plots import plot_dir
+
+        result.summary["plots"] = [str(p) for p in plot_dir(outdir)]
     if as_json:
         typer.echo(json.dumps(result.summary, default=str))
     else:
         out = Console()
         render(result.summary, out if out.is_terminal else Console(width=160))
         err.print(f"tables written to {outdir}/", highlight=False)
+        for extra in result.summary.get("plots", []) + ([str(result.sidecar)] if result.sidecar else []):
+            err.print(f"wrote {extra}", highlight=False)
     if result.error is not None:
         raise _fail(result.error.one_line() + " (tables written, marked partial)", EXIT_CAPTURE)
     from .findings import BY_CODE, NOTE
@@ -104,6 +119,35 @@ def dissect(
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
     except BrokenPipeError:
         sys.stderr.close()
+
+
+@app.command()
+def plot(
+    outdir: Annotated[Path, typer.Argument(help="an analyze output directory")],
+    dest: Annotated[Optional[Path], typer.Option("--dest", help="where the PNGs go (default OUTDIR/plots)")] = None,
+) -> None:
+    """PNG plots of an analysis: super-packet size histogram/CDF, segments per super-packet, size over time.
+
+    Example: bigtcp-pcap plot out/
+    """
+    from .output.plots import plot_dir
+
+    if not (outdir / "superpackets.parquet").exists():
+        raise _fail(f"{outdir}: no superpackets.parquet here (run 'bigtcp-pcap analyze CAPTURE -o {outdir}')",
+                    EXIT_USAGE)
+    for p in plot_dir(outdir, dest):
+        typer.echo(str(p))
+
+
+def _register_subcommands() -> None:
+    from .audit.cli import register as register_audit
+    from .wireshark.cli import register as register_wireshark
+
+    register_audit(app)
+    register_wireshark(app)
+
+
+_register_subcommands()
 
 
 def main() -> None:

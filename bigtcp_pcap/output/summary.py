@@ -49,6 +49,20 @@ def render(summary: dict, console: Console) -> None:
         for code, cnt in summary["findings"].items():
             t.add_row(code, _n(cnt))
         console.print(t)
+    fa = summary.get("filter_audit") or {}
+    if fa.get("note"):
+        console.print(f"[yellow]{fa['note']}[/]")
+    for r in fa.get("results", []):
+        verdict = "ok" if not (r["missed"] or r["false_matches"]) else "MIS-PARSES"
+        console.print(f"filter [bold]{r['expr']}[/]: {verdict}: matched {_n(r['matched'])} of {_n(r['truth'])} "
+                      f"true, missed {_n(r['missed'])}, false matches {_n(r['false_matches'])} "
+                      f"({', '.join(f'{k} {v}' for k, v in r['reasons'].items()) or 'no reasons'})",
+                      highlight=False)
+        if r.get("suggestion"):
+            console.print(f"    use instead: {r['suggestion']}", highlight=False, markup=False)
+    if fa.get("audited") and not fa.get("results"):
+        console.print(f"filters audited, none mis-parses this capture: {', '.join(fa['audited'])}",
+                      highlight=False)
     for line in summary.get("suspect", []):
         console.print(f"[bold yellow]suspect capture:[/] {line}")
     if cap["partial"]:

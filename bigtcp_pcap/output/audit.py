@@ -1,0 +1,88 @@
+"""The filter-audit stage inside ``analyze``: which capture filters mis-parse this capture's packets.
+
+With explicit expressions every one is audited and reported. Without, ``tcp``, ``ip6 and tcp`` and
+``tcp port P`` (P: the port carrying most TCP payload in the first batch) are audited and only those that
+mis-parse something are reported. Without libpcap the stage is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from ..audit.cbpf import OK, FilterAudit
+from ..audit.libpcap import FilterError, LibpcapMissing
+from ..decode.schema import PacketBatch
+from ..errors import UsageError
+
+AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.string()),
+                          ("verdict", pa.dictionary(pa.int8(), pa.string())),
+                          ("reason", pa.dictionary(pa.int8(), pa.string()))])
+
+
+def busiest_port(pb: PacketBatch) -> int | None:
+    """The lower port of the flow direction with the most TCP payload in this batch (the service port)."""
+    m = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.tcp_payload_len > 0)
+    if not m.any():
+        return None
+    lo = np.minimum(pb.sport[m], pb.dport[m]).astype(np.int64)
+    w = np.bincount(lo, weights=pb.tcp_payload_len[m], minlength=1)
+    return int(np.argmax(w))
+
+
+class FilterAudits:
+    def __init__(self, filters: list[str] | None, enabled: bool = True):
+        self.explicit = filters is not None
+        self.exprs = list(filters) if filters else []
+        self.enabled = enabled and (self.explicit or True)
+        self.audits: list[FilterAudit] = []
+        self.note: str | None = None
+        self._started = False
+
+    def _start(self, pb: PacketBatch) -> None:
+        self._started = True
+        if not self.enabled:
+            return
+        exprs = self.exprs
+        if not self.explicit:
+            exprs = ["tcp", "ip6 and tcp"]
+            port = busiest_port(pb)
+            if port is not None:
+                exprs.append(f"tcp port {port}")
+            self.exprs = exprs
+        try:
+            self.audits = [FilterAudit(e) for e in exprs]
+        except LibpcapMissing as e:
+            if self.explicit:
+                raise UsageError(str(e)) from None
+            self.note = f"filter audit skipped: {e}"
+            self.audits = []
+
+    def feed(self, rb, pb: PacketBatch, fid) -> None:
+        if not self._started:
+            self._start(pb)
+        for a in self.audits:
+            try:
+                a.feed(rb, pb)
+            except FilterError as e:
+                raise UsageError(f"filter {a.expr!r}: {e}") from None
+
+    def finish(self) -> list:
+        results = [a.result() for a in self.audits]
+        if not self.explicit:
+            results = [r for r in results if not r.clean]
+        return results
+
+    def summary(self, results: list) -> dict:
+        return {"audited": self.exprs if self.audits else [], "note": self.note,
+                "results": [{k: v for k, v in r.to_json().items() if k not in ("frames", "flows")}
+                            for r in results]}
+
+
+def audit_rows(result) -> pa.Table:
+    """Rows of filter_audit.parquet for one expression: the frames whose verdict is not ok."""
+    t = result.frames_table()
+    bad = np.asarray(result.verdict) != OK
+    t = t.filter(pa.array(bad))
+    return pa.table({"frame": t.column("frame"), "filter": pa.array([result.expr] * t.num_rows, pa.string()),
+                     "verdict": t.column("verdict"), "reason": t.column("reason")}, schema=AUDIT_SCHEMA)
