@@ -103,6 +103,7 @@ class AuditResult:
                  "reason": REASON_NAMES[self.reason[i]]} for i in idx]
 
     def to_json(self) -> dict:
+        """One JSON-able document; ``frames`` lists only the mis-classified frames (all are in frames_table)."""
         return {
             "expr": self.expr,
             "linktypes": self.linktypes,
@@ -115,6 +116,8 @@ class AuditResult:
             "suggestion": self.suggestion,
             "suggestion_verified": self.suggestion_verified,
             "suggestion_kernel_ok": self.suggestion_kernel_ok,
+            "suggestions_by_linktype": ({str(k): v for k, v in self.suggestions_by_linktype.items()}
+                                        if len(set(self.suggestions_by_linktype.values())) > 1 else {}),
             "alternative": self.alternative,
             "flows": [f.to_json() for f in self.flows],
             "frames": self.misclassified_frames(),

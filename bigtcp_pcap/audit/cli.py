@@ -110,6 +110,11 @@ def render(r: AuditResult, capture: str, out: Console, max_flows: int = 10) -> N
         kernel = "kernel-compatible" if r.suggestion_kernel_ok else "userland-only on Linux (backward jump)"
         out.print(f"suggestion (verified on all {r.frames_total} frames, {kernel}):")
         out.print(f"  {r.suggestion}", markup=False, soft_wrap=True)
+    elif r.suggestion_verified:
+        out.print(f"suggestion per linktype (verified on all {r.frames_total} frames; the link header length "
+                  "differs):")
+        for lt, text in sorted(r.suggestions_by_linktype.items()):
+            out.print(f"  linktype {lt}: {text}", markup=False, soft_wrap=True)
     for note in r.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)
 

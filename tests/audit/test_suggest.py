@@ -130,3 +130,70 @@ def test_chain_of_two_extension_headers_gets_no_fixed_offset_suggestion(tmp_path
     assert r.suggestion is None and r.suggestion_verified is False
     assert any("no verified suggestion" in n for n in r.notes)
     assert r.alternative == "(tcp or ip6 protochain 6)"
+
+
+def relink(frames, header_for):
+    """The same frames with the Ethernet header replaced (header_for(ethertype) -> bytes)."""
+    out = []
+    for data, wirelen in frames:
+        ethertype = struct.unpack_from("!H", data, 12)[0]
+        hdr = header_for(ethertype)
+        out.append((hdr + data[14:], wirelen - 14 + len(hdr)))
+    return out
+
+
+LINKTYPES = {
+    276: lambda et: struct.pack("!HHIHBB8s", et, 0, 3, 1, 0, 6, bytes.fromhex("020000000001") + b"\0\0"),  # SLL2
+    113: lambda et: struct.pack("!HHH8sH", 0, 1, 6, bytes.fromhex("020000000001") + b"\0\0", et),  # SLL
+    101: lambda et: b"",  # RAW
+}
+
+
+@needs_tshark
+@needs_tcpdump
+@pytest.mark.parametrize("linktype", sorted(LINKTYPES))
+@pytest.mark.parametrize("expr,display_filter", [("tcp port 5201", "tcp.port == 5201"),
+                                                 ("ip[2:2] > 1500", "ip.len > 1500"),
+                                                 ("not udp", "not udp")])
+def test_other_linktypes(tmp_path, linktype, expr, display_filter):
+    """Cooked captures (tcpdump -i any: SLL/SLL2) and raw IP: the program is compiled for the linktype, and
+    length rewrites use that link header's length."""
+    cap = write_pcap(tmp_path / f"lt{linktype}.pcap", relink(FRAMES, LINKTYPES[linktype]), linktype)
+    r, _, _ = check_against_oracles(cap, expr, display_filter)
+    assert r.linktypes == [linktype] and not r.clean
+
+
+def write_pcapng(path, interfaces: list[int], packets: list[tuple[int, bytes, int]]):
+    """A minimal pcapng: one IDB per linktype in ``interfaces``, EPBs (if_id, data, wirelen)."""
+    def block(btype: int, body: bytes) -> bytes:
+        body += b"\0" * (-len(body) % 4)
+        n = 12 + len(body)
+        return struct.pack("<II", btype, n) + body + struct.pack("<I", n)
+
+    out = [block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1))]
+    out += [block(1, struct.pack("<HHI", lt, 0, 262144)) for lt in interfaces]
+    for i, (if_id, data, wirelen) in enumerate(packets):
+        ts = 1_700_000_000_000_000 + i
+        out.append(block(6, struct.pack("<IIIII", if_id, ts >> 32, ts & 0xFFFFFFFF, len(data), wirelen) + data))
+    path.write_bytes(b"".join(out))
+    return path
+
+
+@needs_tshark
+def test_mixed_linktypes_get_one_verified_suggestion_per_linktype(tmp_path):
+    """A length rewrite depends on the link header length, so an Ethernet + SLL2 pcapng (tcpdump cannot read
+    it) gets one suggestion per linktype, each verified on its frames."""
+    from .conftest import tshark_frames
+
+    sll2 = relink(FRAMES, LINKTYPES[276])
+    cap = write_pcapng(tmp_path / "mixed.pcapng", [1, 276],
+                       [(0, d, w) for d, w in FRAMES] + [(1, d, w) for d, w in sll2])
+    r = audit_capture("ip[2:2] > 1500", cap)
+    assert r.truth == len(tshark_frames(cap, "ip.len > 1500")) and r.missed > 0
+    assert r.suggestion is None and r.suggestion_verified is True and r.suggestion_mismatches == 0
+    assert r.suggestions_by_linktype == {1: rewrite("ip[2:2] > 1500", link_len=14).text,
+                                         276: rewrite("ip[2:2] > 1500", link_len=20).text}
+    # 'tcp port' does not depend on the link header: one suggestion for both
+    r = audit_capture("tcp port 5201", cap)
+    assert r.truth == len(tshark_frames(cap, "tcp.port == 5201")) and r.suggestion_verified is True
+    assert r.suggestion == rewrite("tcp port 5201").text
