@@ -397,6 +397,7 @@ local function walk(tvb, off, ver)
     r.dst = tvb(off + 24, 16):bytes():tohex()
     local p = off + 40
     local jumbo = nil
+    local has_hbh = false
     local first = true
     local count = 0
     while EXT[nh] and count < 8 do
@@ -411,6 +412,7 @@ local function walk(tvb, off, ver)
         else
             len = (tvb(p + 1, 1):uint() + 1) * 8
         end
+        if nh == 0 then has_hbh = true end
         if nh == 0 and first then
             -- options of the Hop-by-Hop header: look for the Jumbo Payload option (type 0xC2)
             local q, e = p + 2, math.min(p + len, cap)
@@ -438,7 +440,8 @@ local function walk(tvb, off, ver)
     if plen == 0 and jumbo then
         r.kind = "hbh_jumbo"
         r.ip_len = 40 + jumbo
-    elseif plen == 0 and (nh == 6 or nh == 17) then
+    elseif plen == 0 and not has_hbh and (nh == 6 or nh == 17) then
+        -- (a Hop-by-Hop header without Jumbo option and payload length 0 is ipv6.jumbo.missing, not BIG TCP)
         r.kind = "v6_plen0"
         r.ip_len = wire - off
     else

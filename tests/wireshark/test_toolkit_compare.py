@@ -203,3 +203,48 @@ def test_sidecar_findings_are_expert_info_with_the_same_codes(ws_home, tmp_path)
     n = len(fields(ws_home, cap, ["frame.number"], extra=["-o", f"bigtcp.sidecar:{sidecar}", "-Y",
                                                           f"bigtcp.{code}"]))
     assert n == int((per_frame["code"] == code).sum())
+
+
+# --- edge cases: crafted frames, plugin vs decoder --------------------------------------------------------------
+
+def _v4_frame(totlen: int, proto: int, l4: bytes, ihl: int = 5, opts: bytes = b"") -> bytes:
+    eth = bytes.fromhex("020000000002020000000001") + b"\x08\x00"
+    return eth + struct.pack(">BBHHHBBH4s4s", 0x40 | ihl, 0, totlen, 1, 0x4000, 64, proto, 0, bytes([10, 0, 0, 1]),
+                             bytes([10, 0, 0, 2])) + opts + l4
+
+
+def _edge_frames() -> list[bytes]:
+    body = _tcp(b"x" * 100)
+    udp = struct.pack(">HHHH", 1, 2, 0, 0) + b"y" * 50
+    icmp6 = bytes([128, 0, 0, 0, 0, 1, 0, 1]) + b"z" * 20
+    pad = bytes([6, 0, 1, 4, 0, 0, 0, 0])
+    return [
+        _v6_frame(0, bytes([6, 0, 0xC2, 4]) + struct.pack(">I", 8 + len(body)), 0, body),  # jumbo too small
+        _v6_frame(8 + len(body), bytes([6, 0, 0xC2, 4]) + struct.pack(">I", 70000), 0, body),  # plen != 0
+        _v6_frame(0, pad, 0, body),  # HBH without jumbo, plen 0: not BIG TCP
+        _v6_frame(0, b"", 17, udp),  # v6_plen0 UDP
+        _v6_frame(0, b"", 58, icmp6),  # plen 0, ICMPv6: not presumed
+        _v6_frame(0, pad, 60, body),  # Destination Options, plen 0
+        _v6_frame(0, bytes([6, 0, 0, 0, 0, 0, 0, 7]), 44, body),  # Fragment header, plen 0
+        _v6_frame(0, bytes([60, 0, 0xC2, 4]) + struct.pack(">I", 70000) + pad, 0, body),  # jumbo, then DestOpts
+        _v4_frame(0, 6, body),  # v4_totlen0 TCP
+        _v4_frame(0, 17, udp),  # v4_totlen0 UDP
+        _v4_frame(0, 1, icmp6),  # tot_len 0, ICMP: not presumed
+        _v4_frame(20 + len(body), 6, body),
+        _v4_frame(0, 6, body, ihl=6, opts=b"\x01\x01\x01\x00"),  # IPv4 options
+        _v4_frame(3000, 6, body),  # total length exceeds the frame
+        _v6_frame(5000, b"", 6, body),  # payload length exceeds the frame
+    ]
+
+
+@needs_api
+def test_crafted_edge_cases_equal_packets_parquet(ws_home, tmp_path):
+    cap = tmp_path / "edge.pcap"
+    cap.write_bytes(_pcap(_edge_frames()))
+    pk = analyze(cap, packets=True).packets
+    rows = fields(ws_home, cap, ["frame.number", "bigtcp.kind", "bigtcp.ip_len", "bigtcp.tcp_len"])
+    ws = {int(r[0]): tuple(r[1:]) for r in rows}
+    for fr, kind, ip_len, tcp_len in zip(pk["frame"], pk["bigtcp"].astype(str), pk["ip_len"],
+                                         pk["tcp_payload_len"], strict=True):
+        want = ("" if kind == "none" else kind, _int_or_empty(ip_len), _int_or_empty(tcp_len))
+        assert ws[int(fr)] == want, int(fr)
