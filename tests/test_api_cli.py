@@ -1,0 +1,115 @@
+"""The Python API and the CLI: identical tables, provenance metadata, flows against tshark, plots."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+import bigtcp_pcap
+from bigtcp_pcap.api import analyze, sample_capture
+from bigtcp_pcap.cli import app
+from bigtcp_pcap.output.parquet import read_metadata
+from oracle import KERNEL, tshark_fields
+
+TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+
+
+def test_api_and_cli_give_identical_tables(tmp_path):
+    cap = KERNEL / "v6_snd185000_rcv80000.snd.pcap"
+    res = CliRunner().invoke(app, ["analyze", str(cap), "-o", str(tmp_path / "cli"), "--packets",
+                                   "--gro-max-size", "80000", "--filter", "tcp port 5201", "--filter", "tcp"])
+    assert res.exit_code == 0, res.output
+    a = analyze(cap, packets=True, gro_max_size=80000, filters=["tcp port 5201", "tcp"])
+    for name in TABLES:
+        cli_df = pd.read_parquet(tmp_path / "cli" / f"{name}.parquet")
+        api_df = getattr(a, name)
+        pd.testing.assert_frame_equal(cli_df, api_df)
+    assert len(a.superpackets) > 0 and len(a.packets) == a.info.packets
+
+
+def test_provenance_metadata(tmp_path):
+    cap = KERNEL / "v4_185000.rcv.pcap"
+    a = analyze(cap, outdir=tmp_path, packets=True, gro_max_size=185000, gro_ipv4_max_size=185000)
+    n_frames = len(tshark_fields(cap, ["frame.number"]))
+    for name in ("packets", "superpackets", "flows", "findings"):
+        m = read_metadata(tmp_path / f"{name}.parquet")
+        assert m["tool_version"] == bigtcp_pcap.__version__
+        assert m["source_name"] == cap.name
+        assert m["source_size"] == cap.stat().st_size
+        assert m["source_sha256"] == hashlib.sha256(cap.read_bytes()).hexdigest()
+        assert m["linktypes"] == [1] and m["snaplen"] == [96]
+        assert m["packet_count"] == n_frames
+        assert m["partial"] is False and m["error"] is None
+        assert m["params"]["gro"]["gro_max_size"] == 185000
+        assert m["params"]["gro"]["effective_gro_ipv4_max_size"] == 185000
+
+
+@pytest.mark.parametrize("capture", ["v6_185000.rcv.pcap", "v4_185000.snd.pcap", "mixed_185000.rcv.pcap"])
+def test_flow_counts_equal_tshark(capture):
+    cap = KERNEL / capture
+    a = analyze(cap)
+    rows = tshark_fields(cap, ["ip.src", "ipv6.src", "ip.dst", "ipv6.dst", "tcp.srcport", "tcp.dstport",
+                               "tcp.len"], "tcp")
+    pkts, payload = Counter(), Counter()
+    for r in rows:
+        key = (r["ip.src"] or r["ipv6.src"], r["ip.dst"] or r["ipv6.dst"], int(r["tcp.srcport"]),
+               int(r["tcp.dstport"]))
+        pkts[key] += 1
+        payload[key] += int(r["tcp.len"])
+    flows = a.flows
+    got_pkts = {(f.src, f.dst, f.sport, f.dport): f.packets for f in flows.itertuples()}
+    got_payload = {(f.src, f.dst, f.sport, f.dport): f.payload_bytes for f in flows.itertuples()}
+    assert got_pkts == dict(pkts)
+    assert got_payload == dict(payload)
+    big = flows[flows.payload_bytes > 1_000_000]
+    assert (big.capture_gap_bytes == 0).all() and (big.retransmissions == 0).all()
+
+
+def test_capture_gap_shows_a_tcp_port_filtered_receiver(tmp_path):
+    """Dropping the HBH super-packets (what 'tcp port 5201' does) shows as capture_gap_bytes and a finding."""
+    from oracle import read_pcap_records, write_pcap
+
+    recs = read_pcap_records(KERNEL / "v6_185000.rcv.pcap")
+    kept = [(d, w) for d, w in recs if not (len(d) > 20 and d[12:14] == b"\x86\xdd" and d[20] == 0)]
+    assert len(kept) < len(recs)
+    cap = write_pcap(tmp_path / "filtered.pcap", kept, snaplen=96)
+    a = analyze(cap)
+    data_flow = a.flows.sort_values("payload_bytes").iloc[-1]
+    dropped = sum(int(r["tcp.len"]) for r in tshark_fields(KERNEL / "v6_185000.rcv.pcap", ["tcp.len"],
+                                                            "ipv6.opt.jumbo"))
+    assert int(data_flow.capture_gap_bytes) == dropped
+    assert "capture.tcp_port_filter_suspected" in set(a.findings.code)
+
+
+def test_bundled_sample_is_real_bigtcp():
+    a = analyze()
+    assert a.info.name == str(sample_capture())
+    assert a.summary["bigtcp"]["hbh_jumbo"] > 0 and a.summary["bigtcp"]["v4_totlen0"] > 0
+
+
+def test_plots_are_written(tmp_path):
+    analyze(KERNEL / "v6_snd185000_rcv80000.snd.pcap", outdir=tmp_path, gro_max_size=80000)
+    res = CliRunner().invoke(app, ["plot", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    paths = res.output.split()
+    assert len(paths) == 3
+    for p in paths:
+        with open(p, "rb") as f:
+            head = f.read(8)
+        assert head == b"\x89PNG\r\n\x1a\n"
+        assert __import__("os").path.getsize(p) > 20_000
+
+
+def test_json_summary(tmp_path):
+    import json
+
+    res = CliRunner().invoke(app, ["analyze", str(KERNEL / "v6_185000.rcv.pcap"), "-o", str(tmp_path), "--json"])
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert doc["bigtcp"]["hbh_jumbo"] == len(tshark_fields(KERNEL / "v6_185000.rcv.pcap", ["frame.number"],
+                                                             "ipv6.opt.jumbo"))
+    assert {r["expr"] for r in doc["filter_audit"]["results"]} == {"tcp", "ip6 and tcp", "tcp port 5201"}
