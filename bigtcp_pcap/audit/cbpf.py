@@ -335,6 +335,10 @@ class FilterAudit:
             "wire_bytes": pb.wirelen[bad].astype(np.int64), "payload_bytes": payload})
 
     def result(self) -> AuditResult:
+        """The audit so far. With no frames at all, the expression is still compiled (for Ethernet), so that a
+        bad expression is reported whatever the capture holds."""
+        if not self._linktypes:
+            self.filters.for_linktype(1)
         cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
         frame, verdict, reason = cat(self._frames, np.uint64), cat(self._verdict, np.uint8), cat(self._reason, np.uint8)
         raw, truth = cat(self._raw, bool), cat(self._truth, bool)

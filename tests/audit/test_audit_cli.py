@@ -100,3 +100,11 @@ def test_missing_libpcap_exit_2_with_install_hint(app, monkeypatch):
 def test_unreadable_capture_exit_3(app, tmp_path):
     r = run(app, "tcp", str(tmp_path / "missing.pcap"))
     assert r.exit_code == 3 and "missing.pcap" in r.stderr
+
+
+@needs_tcpdump
+def test_bad_expression_is_reported_on_an_empty_capture(app, tmp_path):
+    from .conftest import write_pcap
+
+    r = run(app, "tcp port", str(write_pcap(tmp_path / "empty.pcap", [])))
+    assert r.exit_code == 2 and tcpdump_error("tcp port") in r.stderr

@@ -51,6 +51,14 @@ def icmp6_echo() -> bytes:
     return struct.pack("!BBHHH", 128, 0, 0, 1, 1)
 
 
+def mld_report():
+    """MLDv2 report: IPv6 + Hop-by-Hop Router Alert (not BIG TCP) + ICMPv6 143, as every Linux host sends."""
+    hbh = bytes([58, 0, 5, 2, 0, 0, 1, 0])
+    icmp = struct.pack("!BBHHH", 143, 0, 0, 0, 0)
+    fr = eth(0x86DD) + ipv6_hdr(len(hbh) + len(icmp), 0) + hbh + icmp
+    return fr, len(fr)
+
+
 FRAMES = [
     v6_tcp(100, 40000, 5201),
     v6_hbh_tcp(70000, 40000, 5201, flags=0x18),
@@ -66,6 +74,7 @@ FRAMES = [
     v4_plain(17, udp_hdr(40000, 53, 108), 100),
     v6_hbh(58, icmp6_echo(), 70000),
     v6_plain(58, icmp6_echo(), 50),
+    mld_report(),
 ]
 
 CASES = [
@@ -98,6 +107,11 @@ def synthetic(tmp_path_factory):
 def test_suggestion_keeps_exactly_the_truth(synthetic, expr, display_filter):
     r, _, _ = check_against_oracles(synthetic, expr, display_filter)
     assert not r.clean, "every case here should be affected by some encoding"
+
+
+def test_router_alert_hbh_is_an_extension_header_reason(synthetic):
+    r = audit_capture("icmp6", synthetic)
+    assert r.reasons == {"ipv6_hbh_jumbo": 1, "ipv6_ext_header": 1}
 
 
 def test_tcp_port_rewrite_is_the_documented_form():
