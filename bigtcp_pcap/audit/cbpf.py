@@ -35,6 +35,7 @@ from ..decode.schema import (
 )
 from . import normalize as nz
 from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet
+from .libpcap import load as load_libpcap
 from .suggest import LINK_HDR_LEN, has_l4_index, rewrite
 
 OK, MISSED, FALSE_MATCH = 0, 1, 2
@@ -179,10 +180,12 @@ class FilterAudit:
 
     ``record_batch`` needs ``buf`` (uint8) and ``off`` (int64) columns (packet i is
     ``buf[off[i]:off[i]+caplen[i]]``); ``packet_batch`` is the decoder's PacketBatch for the same frames.
-    Raises FilterError (libpcap's message) when the expression does not compile for a linktype met.
+    Raises LibpcapMissing at construction when the library is absent, and FilterError (libpcap's message) when
+    the expression does not compile for a linktype met.
     """
 
     def __init__(self, expr: str, snaplen: int = DEFAULT_SNAPLEN, suggest: bool = True):
+        load_libpcap()
         self.expr = expr
         self.snaplen = snaplen
         self.filters = FilterSet(expr, snaplen)

@@ -78,3 +78,16 @@ def test_missing_library_says_how_to_install(monkeypatch):
         CompiledFilter("tcp", 1)
     msg = str(e.value)
     assert "\n" not in msg and msg.endswith("install it with: apt-get install libpcap0.8")
+
+
+def test_audit_construction_fails_early_without_libpcap(monkeypatch):
+    from bigtcp_pcap.audit import FilterAudit
+
+    def no_lib(name, *a, **kw):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(libpcap, "_lib", None)
+    monkeypatch.setattr(libpcap.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(libpcap.ctypes, "CDLL", no_lib)
+    with pytest.raises(LibpcapMissing):
+        FilterAudit("tcp")
