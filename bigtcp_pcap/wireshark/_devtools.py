@@ -35,7 +35,7 @@ def findings_block() -> str:
 
 
 def lua_findings_block(text: str) -> str | None:
-    m = re.search(r"^    -- BEGIN FINDINGS.*?^    -- END FINDINGS\n", text, re.S | re.M)
+    m = re.search(r"^    -- BEGIN FINDINGS.*?^    -- END FINDINGS\n", text, re.DOTALL | re.MULTILINE)
     return m.group(0) if m else None
 
 

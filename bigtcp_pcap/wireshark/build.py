@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -182,7 +181,7 @@ def write_analysis_sidecar(path: str | os.PathLike | None = None, *, analysis: A
         capture_name = capture_name or capture.name
         capture_size = capture_size if capture_size is not None else capture.stat().st_size
         if first_ts_ns is None:
-            from .sidecar import first_timestamp_ns  # noqa: PLC0415
+            from .sidecar import first_timestamp_ns
 
             first_ts_ns = first_timestamp_ns(capture)
     if capture_name is None or capture_size is None or first_ts_ns is None:

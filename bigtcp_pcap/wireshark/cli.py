@@ -7,7 +7,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,7 +28,7 @@ def _err(msg: str) -> None:
 
 
 def install(
-    dest: Annotated[Optional[Path], typer.Option("--dest", help="Folder (or .lua path) to install into "
+    dest: Annotated[Path | None, typer.Option("--dest", help="Folder (or .lua path) to install into "
                                                  "instead of Wireshark's personal Lua plugin folder")] = None,
 ) -> None:
     """Copy the bigtcp.lua plugin into Wireshark's personal Lua plugin folder."""
@@ -41,8 +41,8 @@ def install(
 
 def open_(
     capture: Annotated[Path, typer.Argument(help="Capture file (pcap/pcapng)", exists=True, dir_okay=False)],
-    extra: Annotated[Optional[list[str]], typer.Argument(help="More tshark/wireshark arguments (after --)")] = None,
-    sidecar: Annotated[Optional[Path], typer.Option("--sidecar", help="Sidecar TSV from 'analyze "
+    extra: Annotated[list[str] | None, typer.Argument(help="More tshark/wireshark arguments (after --)")] = None,
+    sidecar: Annotated[Path | None, typer.Option("--sidecar", help="Sidecar TSV from 'analyze "
                                                     "--wireshark-sidecar' (default: CAPTURE.bigtcp.tsv if present)")]
     = None,
     run: Annotated[bool, typer.Option("--run", help="Run the command instead of printing it")] = False,

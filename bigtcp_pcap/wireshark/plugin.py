@@ -117,7 +117,7 @@ def tshark_command(capture: str | os.PathLike, sidecar: str | os.PathLike | None
 
 def tshark_version(tshark: str | None = None) -> tuple[str, str | None] | None:
     """(Wireshark version, Lua version or None) of the installed tshark, None if there is no tshark."""
-    import re  # noqa: PLC0415
+    import re
 
     tshark = tshark or find_tshark()
     if not tshark:

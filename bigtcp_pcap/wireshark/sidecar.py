@@ -91,7 +91,7 @@ def _missing(v: Any) -> bool:
     if isinstance(v, float) and math.isnan(v):
         return True
     try:  # pandas.NA / NaT
-        import pandas as pd  # noqa: PLC0415
+        import pandas as pd
 
         return v is pd.NA or v is pd.NaT
     except ImportError:  # pragma: no cover
@@ -213,8 +213,7 @@ def write_sidecar(path: str | os.PathLike, *, capture_name: str, capture_size: i
         for expr, i in filter_ids.items():
             fh.write(f"# filter\t{i}\t{escape(expr)}\n")
         fh.write("\t".join(COLUMNS) + "\n")
-        for _, line in out_rows:
-            fh.write(line + "\n")
+        fh.writelines(line + "\n" for _, line in out_rows)
     os.replace(tmp, path)
     return path
 
@@ -275,7 +274,7 @@ def read_sidecar(path: str | os.PathLike) -> Sidecar:
                 raise ValueError(f"{path}: column header has no 'frame' column")
             continue
 
-        def cell(name: str, parts=parts) -> str:
+        def cell(name: str, parts=parts, cols=cols) -> str:
             i = cols.get(name)
             return parts[i] if i is not None and i < len(parts) else ""
 
@@ -328,7 +327,7 @@ def check_sidecar(sidecar: str | os.PathLike | Sidecar, capture: str | os.PathLi
 def first_timestamp_ns(capture: str | os.PathLike) -> int | None:
     """Timestamp of the capture's first frame in ns (toolkit reader, else tshark), None if unknown."""
     try:
-        from ..capture.reader import read_batches  # noqa: PLC0415
+        from ..capture.reader import read_batches
 
         for batch in read_batches(capture):
             if len(batch):
@@ -336,14 +335,14 @@ def first_timestamp_ns(capture: str | os.PathLike) -> int | None:
         return None
     except ImportError:
         pass
-    except Exception:  # noqa: BLE001 - an unreadable capture: fall back to tshark
+    except Exception:  # noqa: BLE001, S110 - an unreadable capture: fall back to tshark
         pass
-    from .plugin import find_tshark  # noqa: PLC0415
+    from .plugin import find_tshark
 
     tshark = find_tshark()
     if not tshark:
         return None
-    import subprocess  # noqa: PLC0415
+    import subprocess
 
     r = subprocess.run([tshark, "-r", str(capture), "-c", "1", "-T", "fields", "-e", "frame.time_epoch"],
                        capture_output=True, text=True, check=False)

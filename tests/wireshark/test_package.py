@@ -26,7 +26,7 @@ def test_plugin_path_is_the_package_data():
 def test_findings_table_matches_findings_py():
     text = CANONICAL.read_text(encoding="utf-8")
     assert lua_findings_block(text) == findings_block(), f"FINDINGS table is stale; {SYNC}"
-    codes = re.findall(r'^    \{ "([^"]+)", "(\w+)"', lua_findings_block(text), re.M)
+    codes = re.findall(r'^    \{ "([^"]+)", "(\w+)"', lua_findings_block(text), re.MULTILINE)
     assert dict(codes) == {c.code: c.severity for c in findings.BY_CODE.values()}
 
 

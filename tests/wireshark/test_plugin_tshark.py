@@ -136,13 +136,14 @@ def test_kernel_fields_are_filterable(ws_home, capture):
 
 def test_fields_usable_as_columns(ws_home):
     cap = _external("bigtcp-ipv6-hbh.pcap")
-    r = run_tshark(ws_home, cap, ["-o", 'gui.column.format:"No.","%m","Kind","%Cus:bigtcp.kind","IP len",'
-                                  '"%Cus:bigtcp.ip_len","TCP len","%Cus:bigtcp.tcp_len"'])
+    cols = ('gui.column.format:"No.","%m","Kind","%Cus:bigtcp.kind","IP len",'
+            '"%Cus:bigtcp.ip_len","TCP len","%Cus:bigtcp.tcp_len"')
+    r = run_tshark(ws_home, cap, ["-o", cols])
     assert r.stdout.split() == ["1", "hbh_jumbo", "80080", "80000"]
 
 
 def test_two_pass_gives_the_same_values(ws_home):
-    from .conftest import kernel_captures  # noqa: PLC0415
+    from .conftest import kernel_captures
 
     caps = [c for c in kernel_captures() if c.name.endswith(".rcv.pcap")]
     if not caps:

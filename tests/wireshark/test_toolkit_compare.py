@@ -29,7 +29,9 @@ needs_api = pytest.mark.skipif(analyze is None, reason="bigtcp_pcap.api.analyze 
 
 
 def _na(v) -> bool:
-    return v is None or v != v
+    import math
+
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def _int_or_empty(v) -> str:
@@ -193,7 +195,7 @@ def test_sidecar_findings_are_expert_info_with_the_same_codes(ws_home, tmp_path)
     got = {int(r[0]): r[1].split(",") if r[1] else [] for r in rows}
     for fr, g in per_frame.groupby("frame"):
         assert sorted(got[int(fr)]) == sorted(g["code"].astype(str)), fr
-        msgs = [r[2] for r in rows if int(r[0]) == int(fr)][0]
+        msgs = next(r[2] for r in rows if int(r[0]) == int(fr))
         for code, msg in zip(g["code"], g["message"], strict=True):
             assert f"[{code}] {msg}" in msgs, (code, msg, msgs)
     for fr in set(got) - set(per_frame["frame"].astype(int)):
