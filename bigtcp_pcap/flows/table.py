@@ -16,7 +16,6 @@ from numba import njit
 from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_SYN, PacketBatch
 
 MAX_HOLES = 16
-_KEY_DTYPE = np.dtype((np.void, 37))
 
 
 @njit(cache=True)
@@ -101,11 +100,33 @@ def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap
             max_end[f] = e
 
 
+@njit(cache=True)
+def flow_digest(ver, src, dst, sport, dport, mask):
+    """64-bit FNV-1a of (version, src, dst, sport, dport) per row: the flow direction key."""
+    out = np.zeros(ver.shape[0], np.uint64)
+    for i in range(ver.shape[0]):
+        if not mask[i]:
+            continue
+        h = np.uint64(0xCBF29CE484222325)
+        p = np.uint64(0x100000001B3)
+        h = (h ^ np.uint64(ver[i])) * p
+        for k in range(16):
+            h = (h ^ np.uint64(src[i, k])) * p
+        for k in range(16):
+            h = (h ^ np.uint64(dst[i, k])) * p
+        h = (h ^ np.uint64(sport[i] >> 8)) * p
+        h = (h ^ np.uint64(sport[i] & 0xFF)) * p
+        h = (h ^ np.uint64(dport[i] >> 8)) * p
+        h = (h ^ np.uint64(dport[i] & 0xFF)) * p
+        out[i] = h
+    return out
+
+
 class FlowTable:
     """Assigns ``flow_id`` to TCP packets and accumulates per-flow columns."""
 
     def __init__(self) -> None:
-        self._ids: dict[bytes, int] = {}
+        self._ids: dict[int, int] = {}  # 64-bit flow digest -> flow_id
         self.keys: list[bytes] = []
         self._cap = 0
         self._alloc(1024)
@@ -146,25 +167,19 @@ class FlowTable:
         n = len(pb)
         fid = np.full(n, -1, np.int64)
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
+        digest = flow_digest(pb.ip_version, pb.src, pb.dst, pb.sport, pb.dport, tcp)
         idx = np.nonzero(tcp)[0]
         if idx.size == 0:
             return fid
-        raw = np.empty((idx.size, 37), np.uint8)
-        raw[:, 0] = pb.ip_version[idx]
-        raw[:, 1:17] = pb.src[idx]
-        raw[:, 17:33] = pb.dst[idx]
-        raw[:, 33:35] = pb.sport[idx].astype(">u2").view(np.uint8).reshape(-1, 2)
-        raw[:, 35:37] = pb.dport[idx].astype(">u2").view(np.uint8).reshape(-1, 2)
-        keys = raw.view(_KEY_DTYPE).ravel()
-        uniq, inv = np.unique(keys, return_inverse=True)
+        uniq, first, inv = np.unique(digest[idx], return_index=True, return_inverse=True)
         ids = np.empty(uniq.size, np.int64)
-        for j, k in enumerate(uniq):
-            kb = k.tobytes()
-            g = self._ids.get(kb)
+        for j, (d, row) in enumerate(zip(uniq.tolist(), idx[first].tolist())):
+            g = self._ids.get(d)
             if g is None:
                 g = len(self.keys)
-                self._ids[kb] = g
-                self.keys.append(kb)
+                self._ids[d] = g
+                self.keys.append(bytes([int(pb.ip_version[row])]) + pb.src[row].tobytes() + pb.dst[row].tobytes()
+                                 + int(pb.sport[row]).to_bytes(2, "big") + int(pb.dport[row]).to_bytes(2, "big"))
                 self.hist.append(Counter())
                 self.sp_hist.append(Counter())
             ids[j] = g
