@@ -192,7 +192,10 @@ def write_analysis_sidecar(path: str | os.PathLike | None = None, *, analysis: A
         path = default_sidecar_path(capture)
     audit_list = _audit_tables(audits)
     rows = sidecar_rows(packets, superpackets, findings, audit_list)
+    # every audited filter in the header, also those that misclassify nothing (filter_audit.parquet has
+    # rows only for misclassified frames)
+    all_filters = list((getattr(analysis, "params", None) or {}).get("filters") or []) if analysis else []
+    all_filters += [e for e, _ in audit_list if e not in all_filters]
     return write_sidecar(path, capture_name=capture_name, capture_size=int(capture_size),
-                         first_ts_ns=int(first_ts_ns), rows=rows, frames=frames,
-                         filters=[e for e, _ in audit_list])
+                         first_ts_ns=int(first_ts_ns), rows=rows, frames=frames, filters=all_filters)
 

@@ -20,7 +20,7 @@ from .plugin import (
     plugin_path,
     tshark_command,
 )
-from .sidecar import check_sidecar, default_sidecar_path
+from .sidecar import SUFFIX, check_sidecar, default_sidecar_path
 
 
 def _err(msg: str) -> None:
@@ -45,12 +45,16 @@ def open_(
     sidecar: Annotated[Path | None, typer.Option("--sidecar", help="Sidecar TSV from 'analyze "
                                                     "--wireshark-sidecar' (default: CAPTURE.bigtcp.tsv if present)")]
     = None,
+    outdir: Annotated[Path | None, typer.Option("--outdir", "-o", help="Take the sidecar from this 'analyze -o' "
+                                               "folder (OUTDIR/<capture name>.bigtcp.tsv)")] = None,
     run: Annotated[bool, typer.Option("--run", help="Run the command instead of printing it")] = False,
     gui: Annotated[bool, typer.Option("--gui", help="Use wireshark instead of tshark")] = False,
     force: Annotated[bool, typer.Option("--force", help="Wire the sidecar even if it does not match the capture "
                                         "(the plugin will still refuse it)")] = False,
 ) -> None:
     """Print (or --run) the tshark/wireshark command line with the plugin and sidecar wired."""
+    if sidecar is None and outdir is not None:
+        sidecar = outdir / (capture.name + SUFFIX)
     if sidecar is None:
         cand = default_sidecar_path(capture)
         if cand.is_file():
