@@ -170,8 +170,10 @@ def write_analysis_sidecar(path: str | os.PathLike | None = None, *, analysis: A
         packets = analysis.packets if packets is None else packets
         superpackets = analysis.superpackets if superpackets is None else superpackets
         findings = analysis.findings if findings is None else findings
+        audited = []
         if audits is None:
             audits = getattr(analysis, "filter_audit", None)
+            audited = list((getattr(analysis, "params", None) or {}).get("filters") or [])
         capture_name = capture_name or os.path.basename(str(info.name))
         capture_size = capture_size if capture_size is not None else info.size
         first_ts_ns = first_ts_ns if first_ts_ns is not None else info.first_ts_ns
@@ -194,7 +196,7 @@ def write_analysis_sidecar(path: str | os.PathLike | None = None, *, analysis: A
     rows = sidecar_rows(packets, superpackets, findings, audit_list)
     # every audited filter in the header, also those that misclassify nothing (filter_audit.parquet has
     # rows only for misclassified frames)
-    all_filters = list((getattr(analysis, "params", None) or {}).get("filters") or []) if analysis else []
+    all_filters = audited if analysis is not None else []
     all_filters += [e for e, _ in audit_list if e not in all_filters]
     return write_sidecar(path, capture_name=capture_name, capture_size=int(capture_size),
                          first_ts_ns=int(first_ts_ns), rows=rows, frames=frames, filters=all_filters)
