@@ -290,8 +290,9 @@ end
 -- within the sidecar's frame count, wire length and timestamp when the row carries them).
 local function same_time(secs, nsecs, exact, want_secs, want_nsecs)
     if exact then return secs == want_secs and nsecs == want_nsecs end
-    -- only pinfo.abs_ts (a double) was available: microsecond precision
-    return secs == want_secs and math.floor(nsecs / 1000) == math.floor(want_nsecs / 1000)
+    -- only pinfo.abs_ts (a double, ~0.25 us resolution today) was available: equal within 1 us
+    local diff = (secs - want_secs) * 1000000000 + (nsecs - want_nsecs)
+    return diff <= 1000 and diff >= -1000
 end
 
 local function check_frame(pinfo, secs, nsecs, exact)
@@ -300,8 +301,8 @@ local function check_frame(pinfo, secs, nsecs, exact)
     if n == 1 then
         if not same_time(secs, nsecs, exact, sc.first_secs, sc.first_nsecs) then
             sc.refused = string.format("sidecar %s is for capture %s (first timestamp %s ns), this capture's "
-                .. "first frame is at %s ns", sc.path, tostring(sc.name), tostring(sc.first_ts),
-                ns_string(secs, nsecs))
+                .. "first frame is at %s ns%s", sc.path, tostring(sc.name), tostring(sc.first_ts),
+                ns_string(secs, nsecs), exact and "" or " (+-1 us)")
             return
         end
         sc.checked_first = true
@@ -322,8 +323,8 @@ local function check_frame(pinfo, secs, nsecs, exact)
         elseif row.ts_ns then
             local rs, rn = ns_parts(row.ts_ns)
             if not same_time(secs, nsecs, exact, rs, rn) then
-                sc.refused = string.format("sidecar %s: frame %d has timestamp %s ns in the sidecar, %s here",
-                    sc.path, n, row.ts_ns, ns_string(secs, nsecs))
+                sc.refused = string.format("sidecar %s: frame %d has timestamp %s ns in the sidecar, %s here%s",
+                    sc.path, n, row.ts_ns, ns_string(secs, nsecs), exact and "" or " (+-1 us)")
                 sc.refused_at = n
             end
         end
@@ -522,10 +523,10 @@ function bigtcp.dissector(tvb, pinfo, tree)
             local v = tfi.value
             secs, nsecs, exact = v.secs, v.nsecs, true
         else
-            -- no tree on this pass: the double pinfo.abs_ts, rounded to microseconds
-            local us = math.floor(pinfo.abs_ts * 1000000 + 0.5)
-            secs = math.floor(us / 1000000)
-            nsecs = (us - secs * 1000000) * 1000
+            -- no tree on this pass (tshark -2 first pass): the double pinfo.abs_ts
+            local t = pinfo.abs_ts
+            secs = math.floor(t)
+            nsecs = math.floor((t - secs) * 1000000000 + 0.5)
             exact = false
         end
         check_frame(pinfo, secs, nsecs, exact)

@@ -157,3 +157,18 @@ def test_unreadable_sidecar_is_reported(ws_home, tmp_path):
     bad.write_text("hello\n")
     rows = fields(ws_home, a, ["frame.number", "bigtcp.sidecar"], extra=["-o", f"bigtcp.sidecar:{bad}"])
     assert "not a bigtcp-pcap sidecar" in rows[0][1]
+
+
+@needs_tshark
+def test_two_pass_tshark_applies_and_refuses_the_same_way(ws_home, tmp_path):
+    """tshark -2 runs a first pass without a tree (only the double pinfo.abs_ts is available there)."""
+    a, b = _two_captures()
+    rows = [{"frame": fr, "superpacket": fr, "flush_reason": "psh"} for fr in (1, 2, 5)]
+    p = _sidecar_for(a, tmp_path / "a.tsv", rows)
+    names = ["frame.number", "bigtcp.superpacket", "bigtcp.sidecar"]
+    for cap in (a, b):
+        one = fields(ws_home, cap, names, extra=["-o", f"bigtcp.sidecar:{p}"])
+        two = fields(ws_home, cap, names, extra=["-2", "-o", f"bigtcp.sidecar:{p}"])
+        assert [(r[1], r[2].split(":")[0]) for r in one] == [(r[1], r[2].split(":")[0]) for r in two]
+    assert [r[1] for r in fields(ws_home, a, names, extra=["-2", "-o", f"bigtcp.sidecar:{p}"])][:5] == \
+        ["1", "2", "", "", "5"]
