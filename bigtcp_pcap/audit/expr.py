@@ -356,18 +356,22 @@ def const_value(items: list[Item]) -> int | None:
         return None
 
 
-def emit(node: Node) -> str:
-    """Expression text for a node tree (original spelling for primitives; explicit parentheses for and/or)."""
-    if isinstance(node, Bool):
-        return f"{_sub(node.left)} {node.op} {_sub(node.right)}"
-    if isinstance(node, Not):
-        return f"not {_sub(node.child)}"
-    if isinstance(node, Group):
-        return f"({emit(node.child)})"
-    if isinstance(node, Prim):
-        return node.explicit()
-    return node.text
+def emit(node: Node, prim=None, rel=None) -> str:
+    """Expression text for a node tree: explicit parentheses for and/or; primitives as written (fully qualified
+    when inherited) unless ``prim(Prim) -> str`` / ``rel(Rel) -> str`` give their text (the rewriter's hook)."""
 
+    def walk(n: Node) -> str:
+        if isinstance(n, Bool):
+            return f"{sub(n.left)} {n.op} {sub(n.right)}"
+        if isinstance(n, Not):
+            return f"not {sub(n.child)}"
+        if isinstance(n, Group):
+            return f"({walk(n.child)})"
+        if isinstance(n, Prim):
+            return prim(n) if prim else n.explicit()
+        return rel(n) if rel else n.text
 
-def _sub(node: Node) -> str:
-    return f"({emit(node)})" if isinstance(node, Bool) else emit(node)
+    def sub(n: Node) -> str:
+        return f"({walk(n)})" if isinstance(n, Bool) else walk(n)
+
+    return walk(node)

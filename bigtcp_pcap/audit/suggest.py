@@ -36,6 +36,7 @@ from .expr import (
     Prim,
     Rel,
     const_value,
+    emit,
     parse,
     render_items,
     render_load,
@@ -70,7 +71,7 @@ def rewrite(expr: str, mode: str = "suggest", link_len: int | None = 14) -> Rewr
     except ExprSyntaxError as e:
         return Rewrite(expr, unsupported=[f"could not parse the expression: {e}"])
     rw = _Rewriter(mode, link_len)
-    text = rw.node(tree)
+    text = emit(tree, rw.prim, rw.rel)
     return Rewrite(text if rw.changed else expr, rw.changed, rw.unsupported, rw.notes, rw.uses_link_len)
 
 
@@ -123,22 +124,6 @@ class _Rewriter:
         self.unsupported: list[str] = []
         self.notes: list[str] = []
         self.uses_link_len = False
-
-    # -- structure --
-    def node(self, n: Node) -> str:
-        if isinstance(n, Bool):
-            return f"{self.sub(n.left)} {n.op} {self.sub(n.right)}"
-        if isinstance(n, Not):
-            return f"not {self.sub(n.child)}"
-        if isinstance(n, Group):
-            return f"({self.node(n.child)})"
-        if isinstance(n, Prim):
-            return self.prim(n)
-        return self.rel(n)
-
-    def sub(self, n: Node) -> str:
-        txt = self.node(n)
-        return f"({txt})" if isinstance(n, Bool) else txt
 
     def _changed(self, text: str) -> str:
         self.changed = True

@@ -43,6 +43,19 @@ def external_capture(name: str) -> Path:
     return p
 
 
+@pytest.fixture
+def no_libpcap(monkeypatch):
+    """Make loading libpcap fail as on a machine without it (the loader only; nothing else is faked)."""
+    from bigtcp_pcap.audit import libpcap
+
+    def no_lib(name, *a, **kw):
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(libpcap, "_lib", None)
+    monkeypatch.setattr(libpcap.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(libpcap.ctypes, "CDLL", no_lib)
+
+
 # --- oracles ----------------------------------------------------------------------------------------------------
 def tshark_frames(capture: Path, display_filter: str) -> set[int]:
     """Frame numbers tshark's display filter selects (the truth)."""

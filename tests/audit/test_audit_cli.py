@@ -9,7 +9,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bigtcp_pcap.audit import libpcap
 from bigtcp_pcap.audit.cli import register
 
 from .conftest import kernel_capture, needs_tcpdump, needs_tshark, tcpdump_count, tcpdump_error, tshark_frames
@@ -85,13 +84,8 @@ def test_bad_expression_exit_2_with_libpcaps_text(app, expr):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.output
 
 
-def test_missing_libpcap_exit_2_with_install_hint(app, monkeypatch):
-    def no_lib(name, *a, **kw):
-        raise OSError(f"{name}: cannot open shared object file")
-
-    monkeypatch.setattr(libpcap, "_lib", None)
-    monkeypatch.setattr(libpcap.ctypes.util, "find_library", lambda name: None)
-    monkeypatch.setattr(libpcap.ctypes, "CDLL", no_lib)
+@pytest.mark.usefixtures("no_libpcap")
+def test_missing_libpcap_exit_2_with_install_hint(app):
     r = run(app, "tcp", str(kernel_capture("sample.pcap")))
     assert r.exit_code == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "apt-get install libpcap0.8" in r.stderr

@@ -7,7 +7,6 @@ import subprocess
 import numpy as np
 import pytest
 
-from bigtcp_pcap.audit import libpcap
 from bigtcp_pcap.audit.libpcap import CompiledFilter, FilterError, LibpcapMissing
 
 from .conftest import TCPDUMP, needs_tcpdump, tcpdump_error, v4_tcp, v6_hbh_tcp, v6_tcp
@@ -67,27 +66,17 @@ def test_bad_expression_carries_libpcaps_text(expr):
     assert str(e.value) == e.value.message
 
 
-def test_missing_library_says_how_to_install(monkeypatch):
-    def no_lib(name, *a, **kw):
-        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
-
-    monkeypatch.setattr(libpcap, "_lib", None)
-    monkeypatch.setattr(libpcap.ctypes.util, "find_library", lambda name: None)
-    monkeypatch.setattr(libpcap.ctypes, "CDLL", no_lib)
+@pytest.mark.usefixtures("no_libpcap")
+def test_missing_library_says_how_to_install():
     with pytest.raises(LibpcapMissing) as e:
         CompiledFilter("tcp", 1)
     msg = str(e.value)
     assert "\n" not in msg and msg.endswith("install it with: apt-get install libpcap0.8")
 
 
-def test_audit_construction_fails_early_without_libpcap(monkeypatch):
+@pytest.mark.usefixtures("no_libpcap")
+def test_audit_construction_fails_early_without_libpcap():
     from bigtcp_pcap.audit import FilterAudit
 
-    def no_lib(name, *a, **kw):
-        raise OSError(f"{name}: cannot open shared object file")
-
-    monkeypatch.setattr(libpcap, "_lib", None)
-    monkeypatch.setattr(libpcap.ctypes.util, "find_library", lambda name: None)
-    monkeypatch.setattr(libpcap.ctypes, "CDLL", no_lib)
     with pytest.raises(LibpcapMissing):
         FilterAudit("tcp")
