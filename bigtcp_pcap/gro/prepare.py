@@ -1,0 +1,136 @@
+"""Vectorized per-batch preparation for the GRO engine: everything that depends on one packet only.
+
+The engine's loop then only compares and updates state. Per row this computes which path the packet takes
+(``kind``), whether GRO flush-marks it (R2/R7/R11), the packed comparison words of R14 and the flow keys of
+R4/R6/R10/R13 with their flow hash (bucket and RX queue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..decode.schema import (
+    ST_IP_FRAGMENT,
+    ST_L4_UNKNOWN,
+    ST_MALFORMED,
+    ST_NOT_IP,
+    ST_TRUNC_L2,
+    ST_TRUNC_L3,
+    ST_TRUNC_L4,
+    ST_UNKNOWN_LINKTYPE,
+    TH_CWR,
+    TH_FIN,
+    TH_PSH,
+    PacketBatch,
+)
+from .config import GroConfig
+
+KIND_OTHER = 0  # no TCP GRO: delivered alone, held entries untouched, no row (non-IP, UDP, fragments, ...)
+KIND_ALONE = 1  # a TCP segment GRO gives up on (R5/R9/R12, R19): delivered alone, untouched, row if payload
+KIND_TCP = 2  # goes through tcp_gro_receive
+
+ETH_MIN_FRAME = 60  # frames shorter than this are padded on Ethernet (without FCS)
+
+_NO_GRO_STATUS = ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_MALFORMED | ST_IP_FRAGMENT | ST_L4_UNKNOWN | ST_TRUNC_L2 | ST_TRUNC_L3
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@dataclass
+class Prepared:
+    """Per-row derived columns (numpy) of one batch."""
+
+    kind: np.ndarray  # int8, KIND_*
+    flushmark: np.ndarray  # bool: R2/R7/R11 (only meaningful for KIND_TCP)
+    flagword: np.ndarray  # int64: R14.2 (doff << 28 | flags << 16 | window) with the ignored bits cleared
+    l3word: np.ndarray  # int64: R8/R11 (ttl << 16 | tos << 8 | df)
+    hdr_len: np.ndarray  # int64: IP header (incl. ext headers) + TCP header
+    flow_hash: np.ndarray  # uint64: stand-in for skb->hash (bucket and RX queue)
+    key_rows: np.ndarray  # int64 indexes of KIND_TCP rows
+    key_first: np.ndarray  # int64: for each distinct flow key, its first row in ``keys``
+    key_inverse: np.ndarray  # int64: for each KIND_TCP row, its distinct-key number
+    keys: np.ndarray  # uint64 (n_tcp, 9): the exact flow keys of the KIND_TCP rows
+
+
+def _mix(h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """One splitmix64-style round: fold x into h (uint64, wrapping)."""
+    h = (h ^ x) * _M1
+    h ^= h >> np.uint64(31)
+    h *= _M2
+    h ^= h >> np.uint64(29)
+    return h
+
+
+def ignored_flag_bits(cfg: GroConfig) -> int:
+    """R14.1/R14.2: flag bits left out of the flag-word comparison (CWR, FIN, PSH; 7.0 compares CWR)."""
+    return (TH_CWR | TH_FIN | TH_PSH) if cfg.cwr_flushes else (TH_FIN | TH_PSH)
+
+
+def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig) -> Prepared:
+    """Derive the engine's per-row inputs from a PacketBatch (see ``Prepared``)."""
+    n = len(b)
+    ver = b.ip_version
+    v4 = ver == 4
+    v6 = ver == 6
+    status = b.status.astype(np.int64)
+
+    # R3/R5/R9/R12: which packets reach tcp_gro_receive at all.
+    tcp = (v4 | v6) & (b.l4_proto == 6) & (flow_id >= 0) & ((status & _NO_GRO_STATUS) == 0)
+    # R5: IPv4 first byte must be 0x45 (no options); R12: the TCP header must be complete in our data;
+    # R19: tunnels are out of scope for this model -> treated as give-up (delivered alone).
+    giveup = tcp & ((v4 & (b.ip_hdr_len != 20)) | ((status & ST_TRUNC_L4) != 0) | (b.tunnel != 0))
+    kind = np.where(tcp & ~giveup, KIND_TCP, np.where(giveup, KIND_ALONE, KIND_OTHER)).astype(np.int8)
+
+    # R7/R11: flush-mark when the length field disagrees with the L3 bytes of the frame (wirelen based).
+    declared = b.ip_len_field.astype(np.int64) + np.where(v6, 40, 0)
+    frame_l3 = b.wirelen.astype(np.int64) - b.l3_off.astype(np.int64)
+    mismatch = declared != frame_l3
+    if not cfg.treat_padding_as_flush:
+        padded = (declared > 0) & (declared < frame_l3) & (b.l3_off.astype(np.int64) + declared < ETH_MIN_FRAME)
+        mismatch &= ~padded
+    # R7: the reserved "evil" bit of IPv4 flag-marks too.
+    flushmark = mismatch | (v4 & (b.ip_evil != 0))
+
+    keep = np.int64(0x1FF & ~ignored_flag_bits(cfg))
+    flagword = ((b.tcp_hdr_len.astype(np.int64) >> 2) << 28) | ((b.tcp_flags.astype(np.int64) & keep) << 16) \
+        | b.tcp_win.astype(np.int64)
+    l3word = (b.ttl.astype(np.int64) << 16) | (b.tos.astype(np.int64) << 8) | np.where(v4, b.df, 0).astype(np.int64)
+    hdr_len = b.ip_hdr_len.astype(np.int64) + b.tcp_hdr_len.astype(np.int64)
+
+    src = np.ascontiguousarray(b.src).view(np.uint64).reshape(n, 2)
+    dst = np.ascontiguousarray(b.dst).view(np.uint64).reshape(n, 2)
+    label = np.where(v6, b.flow_label, 0).astype(np.uint64)
+    proto_ports = (ver.astype(np.uint64) << np.uint64(48)) | (b.l4_proto.astype(np.uint64) << np.uint64(32)) \
+        | (b.sport.astype(np.uint64) << np.uint64(16)) | b.dport.astype(np.uint64)
+    # Flow hash (skb->hash stand-in, gro-spec section 6): addresses, ports, protocol and the IPv6 flow label,
+    # as the kernel's software flow dissector hash does.
+    h = np.full(n, 0x6A09E667F3BCC908, dtype=np.uint64)
+    for col in (src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], proto_ports, label):
+        h = _mix(h, col)
+    flow_hash = np.where(v4 | v6, h, np.uint64(0))
+
+    # R4 (l2 header, VLAN, ingress interface), R6/R10 (addresses, protocol/nexthdr, flow label, ext headers),
+    # R13 (ports): the exact key a held entry must share with a new packet.
+    key_rows = np.flatnonzero(kind == KIND_TCP)
+    r = key_rows
+    keys = np.stack([b.l2_hash[r], (b.vlan[r].astype(np.uint64) << np.uint64(32)) | b.if_id[r].astype(np.uint64),
+                     src[r, 0], src[r, 1], dst[r, 0], dst[r, 1], proto_ports[r], label[r], b.ext_hash[r]], axis=1)
+    key_first, key_inverse = _distinct_rows(keys)
+    return Prepared(kind, flushmark, flagword, l3word, hdr_len, flow_hash, key_rows, key_first, key_inverse, keys)
+
+
+def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of ``keys``: (first row of each, inverse). Deduplicated by a 64-bit digest, verified."""
+    if keys.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    h = np.full(keys.shape[0], 0x3C6EF372FE94F82B, dtype=np.uint64)
+    for j in range(keys.shape[1]):
+        h = _mix(h, keys[:, j])
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not (keys == keys[first[inverse]]).all():  # a digest collision: deduplicate exactly instead
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    return first.astype(np.int64), inverse.astype(np.int64)
