@@ -32,6 +32,13 @@ Modelling choices (gro-spec section 7):
   gso_size = that MSS less the packet's TCP option bytes (or the largest plain segment seen) and
   gso_segs = ceil(payload / gso_size).
 * The RX queue of a flow is (flow hash >> 32) % rx_queues per capture interface, a stand-in for RSS.
+* Rows with ``flow_id`` -1 are traffic the caller does not track: they count toward the NAPI budget and
+  never touch GRO state (like non-TCP packets).
+
+Not modelled (invisible in a capture or out of scope): R1 (GRO off / XDP: do not run the engine), R12 bad
+checksums (``checksum_ok`` must be True), R14.8 TLS-decrypted bit, R15d page-pool mismatch, R19 tunnels
+(delivered alone here), R22 fraglist GRO, R21.7 netdev_budget across NAPIs, R24 delivery timestamps (rows
+carry the first and last segment's capture times).
 """
 
 from __future__ import annotations

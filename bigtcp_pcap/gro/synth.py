@@ -126,3 +126,46 @@ def simulate(pkts: list[dict[str, Any]], config: Any = None, **config_kw: Any) -
 
     eng = GroEngine(config if config is not None else GroConfig(**config_kw))
     return SuperPacketBatch.concat([eng.feed(build_batch(pkts), flow_ids(pkts)), eng.flush()])
+
+
+def bulk_stream(n: int, nflows: int = 1, mss: int = 1428, burst: int = 45, burst_gap_ns: int = 50_000,
+                spacing_ns: int = 1000, interleave: str = "burst") -> tuple[PacketBatch, np.ndarray]:
+    """A large IPv6 bulk-transfer stream, built vectorized (for benchmarks): (batch, flow_id).
+
+    Each flow sends bursts of ``burst`` MSS segments, the last with PSH, TSval ticking every 200 segments.
+    ``interleave="burst"`` sends whole bursts flow after flow (a busy link); ``"packet"`` alternates flows
+    packet by packet (worst case: every super-packet is one segment).
+    """
+    idx = np.arange(n)
+    if interleave == "packet":
+        fl, k = idx % nflows, idx // nflows
+    else:
+        blk = idx // burst
+        fl, k = blk % nflows, (blk // nflows) * burst + idx % burst
+    b = PacketBatch.empty(n)
+    b.frame[:] = idx + 1
+    b.ts_ns[:] = idx * spacing_ns + (idx // burst) * burst_gap_ns
+    b.linktype[:] = 1
+    b.ip_version[:] = 6
+    b.l2_len[:] = ETH_LEN
+    b.l3_off[:] = ETH_LEN
+    b.ip_hdr_len[:] = 40
+    b.tcp_hdr_len[:] = 32
+    b.tcp_payload_len[:] = mss
+    b.ip_len[:] = 72 + mss
+    b.ip_len_field[:] = 32 + mss
+    b.wirelen[:] = ETH_LEN + 72 + mss
+    b.caplen[:] = 96
+    b.l4_proto[:] = 6
+    b.sport[:] = 40000 + fl
+    b.dport[:] = 5201
+    b.src[:, 0], b.src[:, 15] = 0xFD, 1
+    b.dst[:, 0], b.dst[:, 15] = 0xFD, 2
+    b.ttl[:] = 64
+    b.tcp_win[:] = 512
+    b.tcp_opt_hash[:] = 7 + k // 200
+    b.tcp_seq[:] = (1000 + k * mss) & 0xFFFFFFFF
+    b.tcp_ack[:] = 1
+    b.tcp_flags[:] = TH_ACK
+    b.tcp_flags[(k % burst) == burst - 1] |= TH_PSH
+    return b, fl.astype(np.int64)
