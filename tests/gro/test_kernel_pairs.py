@@ -181,3 +181,23 @@ def test_kernel_pairs_pooled_share(results):
     causes = sum((r.causes for r in rs), collections.Counter())
     print(f"\npooled over {len(rs)} drop-free pairs: {exact}/{total} = {100 * exact / total:.1f} %; causes {dict(causes)}")
     assert exact / total >= MIN_SHARE_POOLED
+
+
+@pytest.mark.parametrize("name", [n for n in PAIRS if n in ("v6_185000", "v4_185000")])
+def test_receiver_capture_as_input_reports_observed_super_packets(name):
+    """R2: fed a post-GRO capture, the BIG TCP packets come back as observed rows (flush-marked, alone),
+    with n_segments from the SYN MSS option (1440/1460 less 12 option bytes)."""
+    meta = json.loads((KERNEL_DIR / f"{name}.json").read_text())
+    mac = bytes.fromhex(meta["interfaces"]["va"]["ip_d_j_link_show"]["address"].replace(":", ""))
+    rcv_all = PacketBatch.concat([decode(rb)[0] for rb in read_batches(str(KERNEL_DIR / f"{name}.rcv.pcap"))])
+    rcv = _load(KERNEL_DIR / f"{name}.rcv.pcap", mac)
+    eng = GroEngine(pair_config(meta))
+    out = SuperPacketBatch.concat([eng.feed(rcv_all, _flow_ids(rcv_all)), eng.flush()])
+    mss = 1428 if name.startswith("v6") else 1448
+    big = (rcv.bigtcp != 0) & (rcv.tcp_payload_len > 0)
+    want = sorted(zip(rcv.tcp_seq[big].tolist(), rcv.tcp_payload_len[big].tolist(), strict=True))
+    obs = (out.bigtcp != 0) & (out.source == 1)
+    got = sorted(zip(out.seq_first[obs].tolist(), out.payload_len[obs].tolist(), strict=True))
+    assert len(want) > 5 and got == want
+    assert out.n_segments[obs].tolist() == [-(-p // mss) for p in out.payload_len[obs].tolist()]
+    assert {out.reason_labels()[i] for i in np.flatnonzero(obs)} == {"flush_marked"}
