@@ -79,7 +79,7 @@ class AuditResult:
     false_matches: int
     reasons: dict[str, int]
     flows: list[FlowImpact]
-    frame: np.ndarray  # uint64, every frame
+    frame: np.ndarray  # uint64, the misclassified frames (verdict != ok); totals are the counts above
     verdict: np.ndarray  # uint8, VERDICT_NAMES codes
     reason: np.ndarray  # uint8, REASON_NAMES codes (0 for ok)
     raw_match: np.ndarray  # bool
@@ -194,6 +194,11 @@ class FilterAudit:
         self.candidates = [_Candidate("suggest", expr, snaplen), _Candidate("protochain", expr, snaplen)] \
             if suggest else []
         self.notes: list[str] = []
+        # per-frame arrays are kept only for misclassified frames, so memory stays bounded on long captures;
+        # the totals of the others are counters
+        self._n_frames = 0
+        self._n_raw = 0
+        self._n_truth = 0
         self._frames: list[np.ndarray] = []
         self._verdict: list[np.ndarray] = []
         self._reason: list[np.ndarray] = []
@@ -224,7 +229,7 @@ class FilterAudit:
 
     @property
     def frames_fed(self) -> int:
-        return sum(len(f) for f in self._frames)
+        return self._n_frames
 
     def feed(self, rb, pb: PacketBatch) -> None:
         """Audit one batch (the PacketBatch of the RecordBatch ``rb``)."""
@@ -294,11 +299,15 @@ class FilterAudit:
 
         verdict = np.where(raw == truth, OK, np.where(truth, MISSED, FALSE_MATCH)).astype(np.uint8)
         reason = self._reasons(pb, verdict != OK, norm != truth)
-        self._frames.append(pb.frame.astype(np.uint64))
-        self._verdict.append(verdict)
-        self._reason.append(reason)
-        self._raw.append(raw)
-        self._truth.append(truth)
+        keep = verdict != OK
+        self._n_frames += n
+        self._n_raw += int(raw.sum())
+        self._n_truth += int(truth.sum())
+        self._frames.append(pb.frame[keep].astype(np.uint64))
+        self._verdict.append(verdict[keep])
+        self._reason.append(reason[keep])
+        self._raw.append(raw[keep])
+        self._truth.append(truth[keep])
         bad = np.flatnonzero(verdict != OK)
         if bad.size:
             self._bad_rows.append(self._flow_rows(pb, bad, verdict))
@@ -347,8 +356,8 @@ class FilterAudit:
         raw, truth = cat(self._raw, bool), cat(self._truth, bool)
         reasons = Counter(REASON_NAMES[r] for r in reason[verdict != OK].tolist())
         res = AuditResult(
-            expr=self.expr, linktypes=sorted(self._linktypes), frames_total=int(frame.size),
-            matched=int(raw.sum()), truth=int(truth.sum()), missed=int((verdict == MISSED).sum()),
+            expr=self.expr, linktypes=sorted(self._linktypes), frames_total=self._n_frames,
+            matched=self._n_raw, truth=self._n_truth, missed=int((verdict == MISSED).sum()),
             false_matches=int((verdict == FALSE_MATCH).sum()), reasons=dict(reasons.most_common()),
             flows=self._flows(), frame=frame, verdict=verdict, reason=reason, raw_match=raw, truth_match=truth,
             not_audited={k: v for k, v in self._not_audited.items() if v}, notes=list(dict.fromkeys(self.notes)))
