@@ -141,9 +141,11 @@ def plot(
 
 def _register_subcommands() -> None:
     from .audit.cli import register as register_audit
+    from .audit.ebpf_cli import register as register_ebpf
     from .wireshark.cli import register as register_wireshark
 
     register_audit(app)
+    register_ebpf(app)
     register_wireshark(app)
 
 

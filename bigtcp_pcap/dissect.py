@@ -33,7 +33,7 @@ def _addr(b, ver: int) -> str:
 def packet_record(pb: PacketBatch, i: int) -> dict:
     """The packets-table fields of row i as plain Python values (nulls as None)."""
     ver = int(pb.ip_version[i])
-    tcp = pb.l4_proto[i] == 6 and pb.l4_off[i] >= 0
+    tcp = pb.l4_proto[i] == 6 and pb.l4_off[i] >= 0 and pb.tcp_hdr_len[i] >= 20
     l4 = pb.l4_off[i] >= 0 and pb.l4_proto[i] in (6, 17)
     r = {
         "frame": int(pb.frame[i]), "ts_ns": int(pb.ts_ns[i]), "caplen": int(pb.caplen[i]),

@@ -40,7 +40,7 @@ def _dict_array(codes: np.ndarray, names: tuple[str, ...]) -> pa.Array:
 
 def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     l4 = pb.l4_off >= 0
-    is_tcp = l4 & (pb.l4_proto == 6)
+    is_tcp = l4 & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)  # a TCP header cut by the snaplen: nulls
     is_l4 = l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))
     cols = {
         "frame": pa.array(pb.frame), "ts_ns": pa.array(pb.ts_ns.view("datetime64[ns]"), TS_TYPE),
