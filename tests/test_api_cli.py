@@ -113,3 +113,23 @@ def test_json_summary(tmp_path):
     assert doc["bigtcp"]["hbh_jumbo"] == len(tshark_fields(KERNEL / "v6_185000.rcv.pcap", ["frame.number"],
                                                              "ipv6.opt.jumbo"))
     assert {r["expr"] for r in doc["filter_audit"]["results"]} == {"tcp", "ip6 and tcp", "tcp port 5201"}
+
+
+@pytest.mark.parametrize("capture", ["mixed_185000.rcv.pcap", "v4_185000.rcv.pcap", "v6_80000.rcv.pcap"])
+def test_default_audit_finds_the_same_mistakes_as_the_full_audit(capture):
+    """analyze's default audit skips frames BIG TCP cannot affect; its misses equal audit-filter's."""
+    from bigtcp_pcap.audit import audit_capture
+
+    cap = KERNEL / capture
+    a = analyze(cap)
+    default = {r["expr"]: r for r in a.summary["filter_audit"]["results"]}
+    for expr in a.summary["filter_audit"]["audited"]:
+        full = audit_capture(expr, cap)
+        if full.clean:
+            assert expr not in default
+            continue
+        assert default[expr]["missed"] == full.missed and default[expr]["false_matches"] == full.false_matches
+        assert default[expr]["reasons"] == full.reasons
+        assert default[expr]["suggestion"] == full.suggestion
+        got = a.filter_audit
+        assert set(got[got["filter"] == expr].frame) == set(full.frame[full.verdict != 0].tolist())

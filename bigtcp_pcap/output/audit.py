@@ -51,7 +51,8 @@ class FilterAudits:
                 exprs.append(f"tcp port {port}")
             self.exprs = exprs
         try:
-            self.audits = [FilterAudit(e) for e in exprs]
+            # the default audit looks only at the frames BIG TCP can affect (fast); explicit filters get all frames
+            self.audits = [FilterAudit(e, candidates_only=not self.explicit) for e in exprs]
         except LibpcapMissing as e:
             if self.explicit:
                 raise UsageError(str(e)) from None

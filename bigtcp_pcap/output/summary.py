@@ -54,8 +54,9 @@ def render(summary: dict, console: Console) -> None:
         console.print(f"[yellow]{fa['note']}[/]")
     for r in fa.get("results", []):
         verdict = "ok" if not (r["missed"] or r["false_matches"]) else "MIS-PARSES"
-        console.print(f"filter [bold]{r['expr']}[/]: {verdict}: matched {_n(r['matched'])} of {_n(r['truth'])} "
-                      f"true, missed {_n(r['missed'])}, false matches {_n(r['false_matches'])} "
+        counts = "" if r.get("frames_skipped") else f"matched {_n(r['matched'])} of {_n(r['truth'])} true, "
+        console.print(f"filter [bold]{r['expr']}[/]: {verdict}: {counts}missed {_n(r['missed'])}, "
+                      f"false matches {_n(r['false_matches'])} "
                       f"({', '.join(f'{k} {v}' for k, v in r['reasons'].items()) or 'no reasons'})",
                       highlight=False)
         if r.get("suggestion"):
