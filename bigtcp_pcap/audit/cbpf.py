@@ -17,14 +17,12 @@ gives the truth verdict on every one of them.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from ..decode.schema import (
     BIGTCP_HBH_JUMBO,
@@ -34,6 +32,7 @@ from ..decode.schema import (
     PacketBatch,
 )
 from . import normalize as nz
+from .impact import FlowTally
 from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet
 from .libpcap import load as load_libpcap
 from .suggest import LINK_HDR_LEN, has_l4_index, rewrite
@@ -44,7 +43,6 @@ VERDICT_NAMES = ("ok", "missed", "false_match")
 R_NONE, R_TCP_INDEX, R_UDP_INDEX, R_HBH_JUMBO, R_EXT_HEADER, R_V6_PLEN0, R_V4_TOTLEN0, R_OTHER = range(8)
 REASON_NAMES = ("", "tcp_index_ipv4_only", "udp_index_ipv4_only", "ipv6_hbh_jumbo", "ipv6_ext_header", "v6_plen0",
                 "v4_totlen0", "other")
-PROTO_NAMES = {6: "tcp", 17: "udp", 58: "icmp6", 1: "icmp", 132: "sctp"}
 
 
 @dataclass
@@ -220,7 +218,7 @@ class FilterAudit:
         self._reason: list[np.ndarray] = []
         self._raw: list[np.ndarray] = []
         self._truth: list[np.ndarray] = []
-        self._bad_rows: list[pd.DataFrame] = []
+        self._tally = FlowTally(("missed", "false_matches"))
         self._not_audited: Counter[str] = Counter()
         self._linktypes: set[int] = set()
 
@@ -339,7 +337,7 @@ class FilterAudit:
         self._truth.append(truth[keep])
         bad = np.flatnonzero(verdict != OK)
         if bad.size:
-            self._bad_rows.append(self._flow_rows(pb, bad, verdict))
+            self._tally.add(pb, bad, missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
 
     @staticmethod
     def _reasons(pb: PacketBatch, bad: np.ndarray, index_gap: np.ndarray) -> np.ndarray:
@@ -362,18 +360,6 @@ class FilterAudit:
             reason[hit] = code
             todo &= ~hit
         return reason
-
-    @staticmethod
-    def _flow_rows(pb: PacketBatch, bad: np.ndarray, verdict: np.ndarray) -> pd.DataFrame:
-        proto = pb.l4_proto[bad]
-        payload = np.where(proto == 6, pb.tcp_payload_len[bad].astype(np.int64),
-                           np.where(proto == 17, np.maximum(pb.udp_len[bad].astype(np.int64) - 8, 0),
-                                    np.maximum(pb.ip_len[bad].astype(np.int64) - pb.ip_hdr_len[bad], 0)))
-        return pd.DataFrame({
-            "ver": pb.ip_version[bad], "src": [bytes(r) for r in pb.src[bad]], "dst": [bytes(r) for r in pb.dst[bad]],
-            "proto": proto, "sport": pb.sport[bad], "dport": pb.dport[bad],
-            "missed": verdict[bad] == MISSED, "false_matches": verdict[bad] == FALSE_MATCH,
-            "wire_bytes": pb.wirelen[bad].astype(np.int64), "payload_bytes": payload})
 
     def result(self) -> AuditResult:
         """The audit so far. With no frames at all, the expression is still compiled (for Ethernet), so that a
@@ -424,27 +410,7 @@ class FilterAudit:
         res.notes.extend(u for c in (main,) for u in c.unsupported if u not in res.notes)
 
     def _flows(self) -> list[FlowImpact]:
-        if not self._bad_rows:
-            return []
-        df = pd.concat(self._bad_rows, ignore_index=True)
-        g = df.groupby(["ver", "src", "dst", "proto", "sport", "dport"], sort=False).agg(
-            packets=("missed", "size"), missed=("missed", "sum"), false_matches=("false_matches", "sum"),
-            wire_bytes=("wire_bytes", "sum"), payload_bytes=("payload_bytes", "sum")).reset_index()
-        g = g.sort_values(["wire_bytes", "packets"], ascending=False)
-        out = []
-        for r in g.itertuples(index=False):
-            out.append(FlowImpact(_addr(r.ver, r.src), int(r.sport), _addr(r.ver, r.dst), int(r.dport),
-                                  PROTO_NAMES.get(int(r.proto), str(int(r.proto))), int(r.packets), int(r.missed),
-                                  int(r.false_matches), int(r.wire_bytes), int(r.payload_bytes)))
-        return out
-
-
-def _addr(ver: int, raw: bytes) -> str:
-    if ver == 4:
-        return str(ipaddress.IPv4Address(raw[:4]))
-    if ver == 6:
-        return str(ipaddress.IPv6Address(raw))
-    return ""
+        return [FlowImpact(**r) for r in self._tally.rows()]
 
 
 def audit_batches(expr: str, batches: Iterable[tuple[object, PacketBatch]], snaplen: int = DEFAULT_SNAPLEN,

@@ -48,7 +48,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno as errno_mod
-import ipaddress
 import os
 import platform
 from collections import Counter
@@ -57,11 +56,11 @@ from dataclasses import dataclass, field
 from typing import Self
 
 import numpy as np
-import pandas as pd
 
 from ..decode.schema import TUNNEL_NONE, PacketBatch
 from . import normalize as nz
-from .cbpf import PROTO_NAMES, R_NONE, REASON_NAMES, FilterAudit
+from .cbpf import R_NONE, REASON_NAMES, FilterAudit
+from .impact import FlowTally
 
 _LIB_NAMES = ("libbpf.so.1", "libbpf.so")
 INSTALL_HINT = "install it with: apt-get install libbpf1"
@@ -615,7 +614,7 @@ class EbpfAudit:
         self._rnorm: list[np.ndarray] = []
         self._odiff: list[np.ndarray] = []
         self._reason: list[np.ndarray] = []
-        self._bad_rows: list[pd.DataFrame] = []
+        self._tally = FlowTally(("verdict_differs", "output_differs"))
         self._not_audited: Counter[str] = Counter()
         self._linktypes: set[int] = set()
         self._retvals: Counter[int] = Counter()
@@ -707,31 +706,10 @@ class EbpfAudit:
         self._reason.append(reason)
         idx = np.flatnonzero(bad)
         if idx.size:
-            self._bad_rows.append(self._flow_rows(pb, idx, rraw != rnorm, odiff))
-
-    @staticmethod
-    def _flow_rows(pb: PacketBatch, bad: np.ndarray, vdiff: np.ndarray, odiff: np.ndarray) -> pd.DataFrame:
-        proto = pb.l4_proto[bad]
-        payload = np.where(proto == 6, pb.tcp_payload_len[bad].astype(np.int64),
-                           np.where(proto == 17, np.maximum(pb.udp_len[bad].astype(np.int64) - 8, 0),
-                                    np.maximum(pb.ip_len[bad].astype(np.int64) - pb.ip_hdr_len[bad], 0)))
-        return pd.DataFrame({
-            "ver": pb.ip_version[bad], "src": [bytes(r) for r in pb.src[bad]], "dst": [bytes(r) for r in pb.dst[bad]],
-            "proto": proto, "sport": pb.sport[bad], "dport": pb.dport[bad], "vdiff": vdiff[bad], "odiff": odiff[bad],
-            "wire_bytes": pb.wirelen[bad].astype(np.int64), "payload_bytes": payload})
+            self._tally.add(pb, idx, verdict_differs=rraw != rnorm, output_differs=odiff)
 
     def _flows(self) -> list[EbpfFlowImpact]:
-        if not self._bad_rows:
-            return []
-        df = pd.concat(self._bad_rows, ignore_index=True)
-        g = df.groupby(["ver", "src", "dst", "proto", "sport", "dport"], sort=False).agg(
-            packets=("vdiff", "size"), vdiff=("vdiff", "sum"), odiff=("odiff", "sum"),
-            wire_bytes=("wire_bytes", "sum"), payload_bytes=("payload_bytes", "sum")).reset_index()
-        g = g.sort_values(["wire_bytes", "packets"], ascending=False)
-        return [EbpfFlowImpact(_addr(r.ver, r.src), int(r.sport), _addr(r.ver, r.dst), int(r.dport),
-                               PROTO_NAMES.get(int(r.proto), str(int(r.proto))), int(r.packets), int(r.vdiff),
-                               int(r.odiff), int(r.wire_bytes), int(r.payload_bytes))
-                for r in g.itertuples(index=False)]
+        return [EbpfFlowImpact(**r) for r in self._tally.rows()]
 
     def result(self) -> EbpfAuditResult:
         """The audit so far. EbpfUsageError when the capture has frames but none of them is Ethernet."""
@@ -772,14 +750,6 @@ class EbpfAudit:
             maps=list(self.maps), pinning_disabled=[dict(m.__dict__) for m in self.pinned],
             data_limit=self.runner.data_limit, frames_cut=self.frames_cut, runs=getattr(self.runner, "runs", 0),
             not_audited={k: v for k, v in self._not_audited.items() if v}, notes=list(dict.fromkeys(notes)))
-
-
-def _addr(ver: int, raw: bytes) -> str:
-    if ver == 4:
-        return str(ipaddress.IPv4Address(raw[:4]))
-    if ver == 6:
-        return str(ipaddress.IPv6Address(raw))
-    return ""
 
 
 def audit_ebpf(obj_path: str | os.PathLike, capture, section: str | None = None) -> EbpfAuditResult:
