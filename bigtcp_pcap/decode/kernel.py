@@ -66,6 +66,17 @@ def fnv1a(d, start, stop):
     return h
 
 
+@njit(cache=True, inline="always")
+def _finding(f_row, f_code, f_val, nf, nfi, i, code, value):
+    """Append one finding row (bounded: the arrays' capacity, MAX_FINDINGS_PER_PACKET per packet)."""
+    if nf < f_row.shape[0] and nfi < MAX_FINDINGS_PER_PACKET:
+        f_row[nf] = i
+        f_code[nf] = code
+        f_val[nf] = value
+        return nf + 1, nfi + 1
+    return nf, nfi
+
+
 @njit(cache=True)
 def _is_ext(nh):
     # IPv6 extension headers (IANA "IPv6 Extension Header Types"): HBH, Routing, Fragment, ESP is not walkable,
@@ -80,7 +91,6 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
     """Decode every record; returns the number of finding rows written to f_row/f_code/f_val."""
     n = off.shape[0]
     nf = 0
-    fcap = f_row.shape[0]
     for i in range(n):
         p0 = np.int64(off[i])
         cl = np.int64(caplen[i])
@@ -94,10 +104,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
         oi32[I32_L3_OFF, i] = -1
         oi32[I32_L4_OFF, i] = -1
         if wl < cl:
-            if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                f_row[nf], f_code[nf], f_val[nf] = i, F.WIRELEN_LT_CAPLEN, wl
-                nf += 1
-                nfi += 1
+            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.WIRELEN_LT_CAPLEN, wl)
             wl = cl
         lim = p0 + wl  # end of the current layer in wire terms (buffer coordinates)
 
@@ -152,15 +159,9 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     etype = 0x86DD
         else:
             status |= ST_UNKNOWN_LINKTYPE
-            if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                f_row[nf], f_code[nf], f_val[nf] = i, F.UNKNOWN_LINKTYPE, lt
-                nf += 1
-                nfi += 1
+            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.UNKNOWN_LINKTYPE, lt)
         if status & ST_TRUNC_L2:
-            if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                f_row[nf], f_code[nf], f_val[nf] = i, F.TRUNC_L2, cl
-                nf += 1
-                nfi += 1
+            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.TRUNC_L2, cl)
         o16[U16_L2_LEN, i] = pos - p0
         o64[U64_L2_HASH, i] = fnv1a(buf, p0, pos)
 
@@ -202,19 +203,13 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 o8[U8_IP_VERSION, i] = 4
                 if buf[q] >> 4 != 4:
                     status |= ST_MALFORMED
-                    if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.BAD_VERSION, buf[q] >> 4
-                        nf += 1
-                        nfi += 1
+                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.BAD_VERSION, buf[q] >> 4)
                     break
                 ihl = np.int64(buf[q] & 0xF) * 4
                 o16[U16_IP_HDR_LEN, i] = ihl
                 if ihl < 20:
                     status |= ST_MALFORMED
-                    if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.V4_BAD_IHL, ihl
-                        nf += 1
-                        nfi += 1
+                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.V4_BAD_IHL, ihl)
                     break
                 tot = np.int64(be16(buf, q + 2))
                 fl = be16(buf, q + 6)
@@ -236,23 +231,15 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                         ip_len = frame_l3
                     else:
                         ip_len = ihl
-                        if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.TOTLEN0_NOT_TCP_UDP, proto
-                            nf += 1
-                            nfi += 1
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.TOTLEN0_NOT_TCP_UDP, proto)
                 elif tot < ihl:
                     status |= ST_MALFORMED
                     ip_len = ihl
-                    if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.V4_TOTLEN_LT_HDR, tot
-                        nf += 1
-                        nfi += 1
+                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.V4_TOTLEN_LT_HDR, tot)
                 else:
                     ip_len = tot
-                    if tot > frame_l3 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.V4_LEN_EXCEEDS, tot - frame_l3
-                        nf += 1
-                        nfi += 1
+                    if tot > frame_l3:
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.V4_LEN_EXCEEDS, tot - frame_l3)
                 if (fl & 0x2000) or (fl & 0x1FFF):
                     fragment = True
                 if q + ihl > end:
@@ -268,10 +255,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 o8[U8_IP_VERSION, i] = 6
                 if buf[q] >> 4 != 6:
                     status |= ST_MALFORMED
-                    if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.BAD_VERSION, buf[q] >> 4
-                        nf += 1
-                        nfi += 1
+                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.BAD_VERSION, buf[q] >> 4)
                     break
                 o8[U8_TOS, i] = ((buf[q] & 0xF) << 4) | (buf[q + 1] >> 4)
                 o32[U32_FLOW_LABEL, i] = ((np.uint32(buf[q + 1]) & 0xF) << 16) | be16(buf, q + 2)
@@ -292,20 +276,15 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 trunc = False
                 while _is_ext(nxt):
                     if count >= 16:
-                        if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.EXT_TOO_MANY, 16
-                            nf += 1
-                            nfi += 1
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.EXT_TOO_MANY, 16)
                         break
                     if h + 2 > end:
                         trunc = True
                         break
                     if nxt == 0:
                         has_hbh = True
-                        if count > 0 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.HBH_NOT_FIRST, count
-                            nf += 1
-                            nfi += 1
+                        if count > 0:
+                            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.HBH_NOT_FIRST, count)
                     if nxt == 44:
                         hl = np.int64(8)
                     elif nxt == 51:
@@ -332,28 +311,18 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                             ol = np.int64(buf[o + 1])
                             if t == 0xC2:
                                 if nxt == 60:
-                                    if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                                        f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_NOT_HBH, 0
-                                        nf += 1
-                                        nfi += 1
+                                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_NOT_HBH, 0)
                                 else:
                                     n_jumbo += 1
-                                    if n_jumbo == 2 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                                        f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_DUPLICATE, n_jumbo
-                                        nf += 1
-                                        nfi += 1
+                                    if n_jumbo == 2:
+                                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_DUPLICATE, n_jumbo)
                                     if ol != 4 or o + 6 > h + hl:
-                                        if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_BAD_LENGTH, ol
-                                            nf += 1
-                                            nfi += 1
+                                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_BAD_LENGTH, ol)
                                     elif n_jumbo == 1:
                                         jumbo = np.int64(be32(buf, o + 2))
                                         # RFC 2675: alignment requirement 4n+2 (from the start of the header)
-                                        if (o - h) % 4 != 2 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_MISALIGNED, o - h
-                                            nf += 1
-                                            nfi += 1
+                                        if (o - h) % 4 != 2:
+                                            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_MISALIGNED, o - h)
                             o += 2 + ol
                     nxt = np.int64(buf[h])
                     h += hl
@@ -372,26 +341,17 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                         o8[U8_HAS_JUMBO, i] = 1
                         o32[U32_JUMBO, i] = jumbo
                         ip_len = 40 + jumbo
-                        if jumbo <= 65535 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_TOO_SMALL, jumbo
-                            nf += 1
-                            nfi += 1
-                        if has_frag and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_WITH_FRAGMENT, 0
-                            nf += 1
-                            nfi += 1
-                        if ip_len > frame_l3 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_EXCEEDS_FRAME, ip_len - frame_l3
-                            nf += 1
-                            nfi += 1
+                        if jumbo <= 65535:
+                            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_TOO_SMALL, jumbo)
+                        if has_frag:
+                            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_WITH_FRAGMENT, 0)
+                        if ip_len > frame_l3:
+                            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_EXCEEDS_FRAME, ip_len - frame_l3)
                     elif n_jumbo > 0:
                         ip_len = 40  # a Jumbo option with a bad length: reported, not guessed
                     elif has_hbh and not trunc:
                         ip_len = 40
-                        if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_MISSING, 0
-                            nf += 1
-                            nfi += 1
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_MISSING, 0)
                     elif trunc:
                         ip_len = frame_l3  # cannot tell; the truncation finding says so
                     elif nxt == 6 or nxt == 17:
@@ -399,27 +359,17 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                         ip_len = frame_l3
                     else:
                         ip_len = 40
-                        if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.PLEN0_NOT_TCP_UDP, nxt
-                            nf += 1
-                            nfi += 1
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.PLEN0_NOT_TCP_UDP, nxt)
                 else:
                     ip_len = 40 + plen
                     if n_jumbo > 0:
                         o8[U8_HAS_JUMBO, i] = 1
                         o32[U32_JUMBO, i] = jumbo
-                        if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_PLEN_NONZERO, plen
-                            nf += 1
-                            nfi += 1
-                        if 0 < jumbo <= 65535 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                            f_row[nf], f_code[nf], f_val[nf] = i, F.JUMBO_TOO_SMALL, jumbo
-                            nf += 1
-                            nfi += 1
-                    if ip_len > frame_l3 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.V6_PLEN_EXCEEDS, ip_len - frame_l3
-                        nf += 1
-                        nfi += 1
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_PLEN_NONZERO, plen)
+                        if 0 < jumbo <= 65535:
+                            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_TOO_SMALL, jumbo)
+                    if ip_len > frame_l3:
+                        nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.V6_PLEN_EXCEEDS, ip_len - frame_l3)
                 if trunc:
                     o32[U32_IP_LEN, i] = ip_len
                     break
@@ -433,8 +383,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 break
             # ---- L4 ----------------------------------------------------------------------------------
             l4_true = q + ip_len - l4  # bytes of L4 header + payload in the true packet
-            if l4_true < 0:
-                l4_true = 0
+            l4_true = max(l4_true, 0)
             lim = q + ip_len
             if l4_proto == 6:
                 oi32[I32_L4_OFF, i] = l4 - p0
@@ -452,13 +401,10 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 o16[U16_WIN, i] = be16(buf, l4 + 14)
                 if doff < 20:
                     status |= ST_MALFORMED
-                    if nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                        f_row[nf], f_code[nf], f_val[nf] = i, F.TCP_BAD_DOFF, doff
-                        nf += 1
-                        nfi += 1
+                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.TCP_BAD_DOFF, doff)
                     break
                 pl = l4_true - doff
-                o32[U32_TCP_PAYLOAD, i] = pl if pl > 0 else 0
+                o32[U32_TCP_PAYLOAD, i] = max(0, pl)
                 oend = l4 + doff
                 if oend > end:
                     status |= ST_TRUNC_L4
@@ -507,10 +453,8 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 ulen = np.int64(be16(buf, l4 + 4))
                 if ulen == 0:
                     ulen = l4_true  # RFC 2675 section 4: UDP length 0 in a jumbogram
-                elif ulen != l4_true and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-                    f_row[nf], f_code[nf], f_val[nf] = i, F.UDP_BAD_LENGTH, ulen
-                    nf += 1
-                    nfi += 1
+                elif ulen != l4_true:
+                    nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.UDP_BAD_LENGTH, ulen)
                 o32[U32_UDP_LEN, i] = ulen
                 if depth == 0 and (dp == VXLAN_PORT or dp == GENEVE_PORT):
                     inner = l4 + 16
@@ -553,13 +497,9 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
             if outer_jumbo > 0:
                 o8[U8_HAS_JUMBO, i] = 1
                 o32[U32_JUMBO, i] = outer_jumbo
-        if status & ST_TRUNC_L3 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-            f_row[nf], f_code[nf], f_val[nf] = i, F.TRUNC_IP, cl
-            nf += 1
-            nfi += 1
-        if status & ST_TRUNC_L4 and nf < fcap and nfi < MAX_FINDINGS_PER_PACKET:
-            f_row[nf], f_code[nf], f_val[nf] = i, F.TRUNC_L4, cl
-            nf += 1
-            nfi += 1
+        if status & ST_TRUNC_L3:
+            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.TRUNC_IP, cl)
+        if status & ST_TRUNC_L4:
+            nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.TRUNC_L4, cl)
         o16[U16_STATUS, i] = status
     return nf

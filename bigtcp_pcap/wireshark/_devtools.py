@@ -1,15 +1,15 @@
-"""Developer helper: keep dissectors/bigtcp.lua in step with findings.py and with its package copy.
+"""Developer helper: keep the plugin's FINDINGS table in step with findings.py.
 
     python -m bigtcp_pcap.wireshark._devtools sync
 
-rewrites the FINDINGS block of dissectors/bigtcp.lua from ``bigtcp_pcap.findings`` and copies the file to
-``bigtcp_pcap/wireshark/bigtcp.lua`` (package data). tests/wireshark/test_package.py checks both.
+rewrites the FINDINGS block of ``bigtcp_pcap/wireshark/bigtcp.lua`` (the one file, installed as package data;
+``dissectors/bigtcp.lua`` is a symlink to it) from ``bigtcp_pcap.findings``. tests/wireshark/test_package.py
+checks it.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,9 +17,8 @@ from .. import findings
 
 BEGIN = "    -- BEGIN FINDINGS (generated from bigtcp_pcap/findings.py: code, severity, message template)\n"
 END = "    -- END FINDINGS\n"
-REPO = Path(__file__).resolve().parents[2]
-CANONICAL = REPO / "dissectors" / "bigtcp.lua"
-PACKAGE_COPY = Path(__file__).resolve().parent / "bigtcp.lua"
+CANONICAL = Path(__file__).resolve().parent / "bigtcp.lua"
+PACKAGE_COPY = CANONICAL  # dissectors/bigtcp.lua links here
 
 
 def _lua_str(s: str) -> str:
@@ -48,8 +47,6 @@ def sync() -> None:
     if new_text != text:
         CANONICAL.write_text(new_text, encoding="utf-8")
         print(f"updated FINDINGS in {CANONICAL}")
-    shutil.copyfile(CANONICAL, PACKAGE_COPY)
-    print(f"copied {CANONICAL} -> {PACKAGE_COPY}")
 
 
 if __name__ == "__main__":
