@@ -90,20 +90,8 @@ def render(r: AuditResult, capture: str, out: Console, max_flows: int = 10) -> N
               f"{', '.join(map(str, r.linktypes)) or '-'}", markup=False, soft_wrap=True)
     out.print(f"  matched {r.matched}   truth {r.truth}   missed [bold]{r.missed}[/]   "
               f"false matches [bold]{r.false_matches}[/]")
-    for reason, n in r.reasons.items():
-        out.print(f"  {n:>8}  {reason}: {REASON_HELP.get(reason, '')}", markup=False, soft_wrap=True)
-    if r.not_audited:
-        out.print("  not audited: " + ", ".join(f"{k} {v}" for k, v in r.not_audited.items()), markup=False)
-    if r.flows:
-        out.print("affected flows (true lengths):")
-        for f in r.flows[:max_flows]:
-            out.print(f"  {_ep(f.src, f.sport)} > {_ep(f.dst, f.dport)} {f.proto}: {f.packets} packets "
-                      f"({f.missed} missed, {f.false_matches} false), {f.wire_bytes:,} wire bytes, "
-                      f"{f.payload_bytes:,} payload bytes", markup=False, soft_wrap=True)
-        if len(r.flows) > max_flows:
-            out.print(f"  ... and {len(r.flows) - max_flows} more flows")
-        out.print(f"  total: {sum(f.wire_bytes for f in r.flows):,} wire bytes, "
-                  f"{sum(f.payload_bytes for f in r.flows):,} payload bytes in mis-classified packets")
+    render_reasons_and_flows(r, out, max_flows, lambda f: f"{f.missed} missed, {f.false_matches} false",
+                             "mis-classified")
     if r.clean:
         out.print("  every packet is classified as the truth says; no change needed")
     elif r.suggestion:
@@ -121,6 +109,25 @@ def render(r: AuditResult, capture: str, out: Console, max_flows: int = 10) -> N
 
 def _ep(addr: str, port: int) -> str:
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def render_reasons_and_flows(r, out: Console, max_flows: int, flow_counts, what: str,
+                             reason_help: dict[str, str] = REASON_HELP) -> None:
+    """The part of an audit report the cBPF and eBPF audits share: reasons, frames not audited, flows."""
+    for reason, n in r.reasons.items():
+        out.print(f"  {n:>8}  {reason}: {reason_help.get(reason, '')}", markup=False, soft_wrap=True)
+    if r.not_audited:
+        out.print("  not audited: " + ", ".join(f"{k} {v}" for k, v in r.not_audited.items()), markup=False)
+    if r.flows:
+        out.print("affected flows (true lengths):")
+        for f in r.flows[:max_flows]:
+            out.print(f"  {_ep(f.src, f.sport)} > {_ep(f.dst, f.dport)} {f.proto}: {f.packets} packets "
+                      f"({flow_counts(f)}), {f.wire_bytes:,} wire bytes, "
+                      f"{f.payload_bytes:,} payload bytes", markup=False, soft_wrap=True)
+        if len(r.flows) > max_flows:
+            out.print(f"  ... and {len(r.flows) - max_flows} more flows")
+        out.print(f"  total: {sum(f.wire_bytes for f in r.flows):,} wire bytes, "
+                  f"{sum(f.payload_bytes for f in r.flows):,} payload bytes in {what} packets")
 
 
 def register(app: typer.Typer) -> None:

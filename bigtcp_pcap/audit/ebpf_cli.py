@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from ..errors import CaptureError
-from .cli import _ep, _fail
+from .cli import _fail, render_reasons_and_flows
 from .ebpf import EbpfAuditResult, EbpfError, audit_ebpf
 
 EXIT_CLEAN, EXIT_DIFFERS, EXIT_USAGE, EXIT_CAPTURE = 0, 1, 2, 3
@@ -86,20 +86,9 @@ def render(r: EbpfAuditResult, capture: str, out: Console, max_flows: int = 10) 
     for pair, n in r.retval_pairs.items():
         a, b = pair.split("->")
         out.print(f"  {n:>8}  raw {_rv(r, a)} -> normalized {_rv(r, b)}", markup=False)
-    for reason, n in r.reasons.items():
-        out.print(f"  {n:>8}  {reason}: {REASON_HELP.get(reason, '')}", markup=False, soft_wrap=True)
-    if r.not_audited:
-        out.print("  not audited: " + ", ".join(f"{k} {v}" for k, v in r.not_audited.items()), markup=False)
-    if r.flows:
-        out.print("affected flows (true lengths):")
-        for f in r.flows[:max_flows]:
-            out.print(f"  {_ep(f.src, f.sport)} > {_ep(f.dst, f.dport)} {f.proto}: {f.packets} packets "
-                      f"({f.verdict_differs} verdict, {f.output_differs} output), {f.wire_bytes:,} wire bytes, "
-                      f"{f.payload_bytes:,} payload bytes", markup=False, soft_wrap=True)
-        if len(r.flows) > max_flows:
-            out.print(f"  ... and {len(r.flows) - max_flows} more flows")
-        out.print(f"  total: {sum(f.wire_bytes for f in r.flows):,} wire bytes, "
-                  f"{sum(f.payload_bytes for f in r.flows):,} payload bytes in differing packets")
+    render_reasons_and_flows(r, out, max_flows,
+                             lambda f: f"{f.verdict_differs} verdict, {f.output_differs} output", "differing",
+                             REASON_HELP)
     if r.clean:
         out.print("  every packet gets the same verdict and output as its normalized copy")
     for note in r.notes:
