@@ -19,10 +19,27 @@ This reproduces the experiment of ``gro-spec.md`` section 8 on the local kernel:
 Each scenario writes ``<name>.snd.pcap``, ``<name>.rcv.pcap`` and ``<name>.json`` (every setting
 read back, every command line, tcpdump drop counters and a summary of what the captures show).
 
+The ``linktype`` scenarios (``--linktypes``) reuse the same namespaces, veth pair and checks to get real
+captures of every link type and tunnel the decoder claims (see ``Experiment.setup_topology``):
+
+* ``sll2_v6_185000`` / ``sll_v4_185000``: BIG TCP runs captured on the receiver with ``tcpdump -i any``
+  (``-y LINUX_SLL2`` / ``-y LINUX_SLL``);
+* ``qinq``: every frame between va and vb tagged 802.1ad 100 + 802.1Q 200 (8021q devices, or a clsact eBPF
+  push/pop program when the kernel has no 8021q);
+* ``vxlan`` / ``geneve``: overlay traffic through VNI 42 on UDP 4789 / 6081, captured on the underlay veth
+  (Geneve through a tap + userspace endpoint when the kernel has no geneve device);
+* ``tun_raw``: a tun point-to-point link, captured on the tun devices (LINKTYPE_RAW);
+* plus ``null_from_v6_185000.pcap`` / ``loop_from_v4.pcap``, NULL and LOOP files *derived* from Ethernet
+  captures by ``derive_loopback_pcap()`` (Linux cannot capture those link types).
+
+Only the sides listed in a scenario's ``captures`` are captured (``<name>.<side>.pcap``).
+
 Usage (as root)::
 
     python scripts/make_kernel_captures.py --outdir tests/fixtures/kernel --all
     python scripts/make_kernel_captures.py --outdir /tmp/caps --scenario v6_80000 --bytes 3000000
+    python scripts/make_kernel_captures.py --outdir tests/fixtures/kernel/linktypes --linktypes
+    python scripts/make_kernel_captures.py --outdir /tmp/caps --derive   # NULL/LOOP only, no root
 
 The module is importable without side effects; ``summarize_pcap()`` is a small stdlib-only pcap
 reader used for the JSON summaries and usable by tests.
@@ -33,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import fcntl
 import gzip
 import hashlib
 import itertools
@@ -41,6 +59,7 @@ import math
 import os
 import platform
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -85,6 +104,28 @@ IFLA = {
 IFLA_GSO_IPV4_MAX_SIZE = IFLA["gso_ipv4_max_size"]
 IFLA_GRO_IPV4_MAX_SIZE = IFLA["gro_ipv4_max_size"]
 
+# Linktype scenarios (group "linktype", written to tests/fixtures/kernel/linktypes/): extra topologies on top of
+# the same veth underlay. Overlay addresses are private and exist only inside the two namespaces.
+OVERLAY: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
+    # topology: ((IPv6 sender, IPv6 receiver), (IPv4 sender, IPv4 receiver))
+    "vxlan": (("fd00:b2::1", "fd00:b2::2"), ("10.198.0.1", "10.198.0.2")),
+    "geneve": (("fd00:b3::1", "fd00:b3::2"), ("10.198.1.1", "10.198.1.2")),
+    "tun": (("fd00:b4::1", "fd00:b4::2"), ("10.198.2.1", "10.198.2.2")),
+    "qinq": (("fd00:b5::1", "fd00:b5::2"), ("10.198.3.1", "10.198.3.2")),
+}
+OVERLAY_PREFIX = {6: 64, 4: 30}
+VXLAN_PORT, GENEVE_PORT, TUNNEL_VNI = 4789, 6081, 42
+VXLAN_MTU = 1450  # 1500 - IPv4 20 - UDP 8 - VXLAN 8 - Ethernet 14 (IPv4 underlay)
+GENEVE_MTU = 1430  # 1500 - IPv6 40 - UDP 8 - Geneve 8 - Ethernet 14 (IPv6 underlay)
+QINQ_OUTER_ID, QINQ_INNER_ID = 100, 200  # 802.1ad S-tag (outer), 802.1Q C-tag (inner)
+LINKTYPE_NAMES = {
+    0: "NULL", 1: "ETHERNET", 12: "RAW (DLT 12)", 101: "RAW", 108: "LOOP", 113: "LINUX_SLL", 276: "LINUX_SLL2",
+}  # fmt: skip
+SIDE_NAMES = {"snd": "sender", "rcv": "receiver"}
+# (side, interface, tcpdump -y DLT or None, linktype the file must have): tcpdump on va and on vb, Ethernet
+DEFAULT_CAPTURES: tuple[tuple[str, str, str | None, int], ...] = (("snd", "va", None, 1), ("rcv", "vb", None, 1))
+KERNEL_FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kernel"
+
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
@@ -105,6 +146,13 @@ class Scenario:
     snd_v4: int | None  # va: gso_ipv4_max_size = gro_ipv4_max_size
     rcv_v4: int | None  # vb: gso_ipv4_max_size = gro_ipv4_max_size
     note: str = ""
+    # veth: the plain pair; qinq / vxlan / geneve / tun: see Experiment.setup_topology()
+    topology: str = "veth"
+    # (side, interface, tcpdump -y DLT or None, linktype the file must have); side snd/rcv = namespace
+    captures: tuple[tuple[str, str, str | None, int], ...] = DEFAULT_CAPTURES
+    snaplen: int | None = None  # tcpdump -s for this scenario (--snaplen overrides; default DEFAULT_SNAPLEN)
+    nbytes: int | None = None  # iperf3 -n for this scenario (--bytes overrides; default DEFAULT_BYTES)
+    group: str = "gro"  # "gro": the --all set (GRO pairs); "linktype": the --linktypes set
 
     def sizes(self, dev: str) -> tuple[int | None, int | None]:
         """(IPv6 size, IPv4 size) to set on ``va`` (sender) or ``vb`` (receiver)."""
@@ -129,8 +177,51 @@ SCENARIOS: dict[str, Scenario] = {
             "sender gso_ipv4 185000, receiver gro_ipv4 65536 (gro-spec 8: 45 + 19 pattern)",
         ),
         Scenario("mixed_185000", (6, 4), BIG, BIG, BIG, BIG, "IPv6 + IPv4 flows at once, both BIG TCP"),
+        # --- linktype scenarios (--linktypes; outdir tests/fixtures/kernel/linktypes) -------------------------
+        Scenario(
+            "sll2_v6_185000", (6,), BIG, BIG, None, None,
+            "v6_185000 captured on the receiver with tcpdump -i any -y LINUX_SLL2 (HBH jumbo in SLL2)",
+            captures=(("rcv", "any", "LINUX_SLL2", 276),), snaplen=128, group="linktype",
+        ),
+        Scenario(
+            "sll_v4_185000", (4,), None, None, BIG, BIG,
+            "v4_185000 captured on the receiver with tcpdump -i any -y LINUX_SLL (tot_len 0 in SLL)",
+            captures=(("rcv", "any", "LINUX_SLL", 113),), snaplen=128, group="linktype",
+        ),
+        Scenario(
+            "qinq", (6, 4), BIG, BIG, BIG, BIG,
+            "IPv6 + IPv4 over 802.1ad 100 / 802.1Q 200 stacked tags, captured on both veths",
+            topology="qinq", captures=(("snd", "va", None, 1), ("rcv", "vb", None, 1)), snaplen=128,
+            nbytes=1_000_000, group="linktype",
+        ),
+        Scenario(
+            "vxlan", (6, 4), BIG, BIG, BIG, BIG,
+            "IPv6 + IPv4 over VXLAN 42 (UDP 4789, IPv4 underlay), captured on both veths",
+            topology="vxlan", captures=(("snd", "va", None, 1), ("rcv", "vb", None, 1)), snaplen=192,
+            nbytes=1_000_000, group="linktype",
+        ),
+        Scenario(
+            "geneve", (6, 4), BIG, BIG, BIG, BIG,
+            "IPv6 + IPv4 over Geneve 42 (UDP 6081, IPv6 underlay), captured on the receiver's veth",
+            topology="geneve", captures=(("rcv", "vb", None, 1),), snaplen=192, nbytes=600_000, group="linktype",
+        ),
+        Scenario(
+            "tun_raw", (6, 4), None, None, None, None,
+            "IPv6 + IPv4 through a tun point-to-point link (vnet_hdr, TSO): LINKTYPE_RAW on both ends",
+            topology="tun", captures=(("snd", "tn0", None, 101), ("rcv", "tn0", None, 101)), snaplen=128,
+            group="linktype",
+        ),
     )
 }  # fmt: skip
+
+# NULL and LOOP cannot be captured on Linux: these files are derived from Ethernet kernel captures by
+# derive_loopback_pcap() (name: source capture in KERNEL_FIXTURES, linktype, ethertype -> address family).
+# The IPv6 family values are the BSD ones tshark and tcpdump know (24 OpenBSD/NetBSD, 28 FreeBSD, 30 Darwin);
+# Linux's AF_INET6 (10) never appears in a NULL/LOOP file and tshark does not dissect it.
+DERIVED: dict[str, tuple[str, int, dict[int, int]]] = {
+    "null_from_v6_185000": ("v6_185000.rcv.pcap", 0, {0x0800: 2, 0x86DD: 30}),
+    "loop_from_v4": ("v4_185000.rcv.pcap", 108, {0x0800: 2, 0x86DD: 24}),
+}
 
 
 class CaptureError(RuntimeError):
@@ -215,6 +306,11 @@ def _nl_request(
     )  # struct ifinfomsg
     for typ, val in attrs:  # u32 attributes: struct rtattr {u16 len; u16 type} + u32
         body += struct.pack("=HHI", 8, typ, val)
+    return _nl_send(msg_type, flags, body)
+
+
+def _nl_send(msg_type: int, flags: int, body: bytes) -> list[bytes]:
+    """Send one rtnetlink message (header + ``body``) in the current netns; return the replies."""
     seq = int(time.time()) & 0xFFFFFFFF
     msg = struct.pack("=IHHII", 16 + len(body), msg_type, flags, seq, 0) + body
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
@@ -292,6 +388,244 @@ def nl_set_ipv4_sizes(ifname: str, gso: int, gro: int) -> str:
     return f"raw RTM_NEWLINK with IFLA 63/64 ({why})"
 
 
+# ---------------------------------------------------------------------------------------------
+# tc + eBPF stacked VLAN tags (qinq fallback when the kernel has no 802.1Q/802.1ad devices)
+# ---------------------------------------------------------------------------------------------
+
+RTM_NEWTFILTER = 44
+NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
+TC_H_CLSACT_INGRESS, TC_H_CLSACT_EGRESS = 0xFFFFFFF2, 0xFFFFFFF3
+BPF_PROG_LOAD, BPF_PROG_TYPE_SCHED_CLS = 5, 3
+BPF_FUNC_SKB_VLAN_PUSH, BPF_FUNC_SKB_VLAN_POP = 18, 19  # include/uapi/linux/bpf.h __BPF_FUNC_MAPPER
+SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "ppc64le": 361, "s390x": 351}
+
+
+def _nl_attr(typ: int, payload: bytes) -> bytes:
+    """One struct rtattr, padded to 4 bytes."""
+    n = 4 + len(payload)
+    return struct.pack("=HH", n, typ) + payload + b"\0" * (-n % 4)
+
+
+def _bpf_insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    """struct bpf_insn {u8 code; u8 dst_reg:4, src_reg:4; s16 off; s32 imm} in host order."""
+    regs = (src << 4) | dst if sys.byteorder == "little" else (dst << 4) | src
+    return struct.pack("=BBhi", code, regs, off, imm)
+
+
+def bpf_vlan_programs(outer_id: int, inner_id: int) -> tuple[bytes, bytes]:
+    """(egress, ingress) SCHED_CLS programs: push 802.1Q inner_id then 802.1ad outer_id; pop two tags.
+
+    bpf_skb_vlan_push() puts the new tag into the skb's VLAN metadata and moves an existing one into the
+    packet, so the wire order is 88a8 outer_id, 8100 inner_id. Both programs return TC_ACT_OK (direct action).
+    bpf_skb_vlan_pop() on an untagged skb changes nothing.
+    """
+    mov_rr, mov_ri, call, exit_ = 0xBF, 0xB7, 0x85, 0x95  # BPF_ALU64|BPF_MOV|BPF_X/K, BPF_JMP|BPF_CALL/EXIT
+    push = [
+        _bpf_insn(mov_rr, 6, 1),  # r6 = skb
+        _bpf_insn(mov_ri, 2, imm=socket.htons(0x8100)),
+        _bpf_insn(mov_ri, 3, imm=inner_id),
+        _bpf_insn(call, imm=BPF_FUNC_SKB_VLAN_PUSH),
+        _bpf_insn(mov_rr, 1, 6),
+        _bpf_insn(mov_ri, 2, imm=socket.htons(0x88A8)),
+        _bpf_insn(mov_ri, 3, imm=outer_id),
+        _bpf_insn(call, imm=BPF_FUNC_SKB_VLAN_PUSH),
+        _bpf_insn(mov_ri, 0, imm=0),  # TC_ACT_OK
+        _bpf_insn(exit_),
+    ]
+    pop = [
+        _bpf_insn(mov_rr, 6, 1),
+        _bpf_insn(call, imm=BPF_FUNC_SKB_VLAN_POP),
+        _bpf_insn(mov_rr, 1, 6),
+        _bpf_insn(call, imm=BPF_FUNC_SKB_VLAN_POP),
+        _bpf_insn(mov_ri, 0, imm=0),
+        _bpf_insn(exit_),
+    ]
+    return b"".join(push), b"".join(pop)
+
+
+def bpf_prog_load(insns: bytes, name: str) -> int:
+    """BPF_PROG_LOAD a SCHED_CLS program through the raw bpf(2) syscall; return its fd."""
+    import ctypes
+
+    nr = SYS_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(f"bpf(2) syscall number unknown for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    ibuf = ctypes.create_string_buffer(insns, len(insns))
+    lic = ctypes.create_string_buffer(b"GPL")
+    log = ctypes.create_string_buffer(1 << 16)
+    attr = struct.pack(
+        "=IIQQIIQII16s", BPF_PROG_TYPE_SCHED_CLS, len(insns) // 8, ctypes.addressof(ibuf),
+        ctypes.addressof(lic), 1, len(log), ctypes.addressof(log), 0, 0, name.encode()[:15],
+    )  # fmt: skip
+    abuf = ctypes.create_string_buffer(attr, 128)  # the rest of union bpf_attr stays zero
+    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_long(BPF_PROG_LOAD), abuf, ctypes.c_long(len(abuf)))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"BPF_PROG_LOAD {name}: {os.strerror(err)}: {log.value.decode(errors='replace')}")
+    return fd
+
+
+def tc_attach_bpf(ifname: str, fd: int, parent: int, name: str) -> None:
+    """``tc filter add dev IF {egress|ingress} prio 1 handle 1 bpf da fd FD`` as one RTM_NEWTFILTER."""
+    info = (1 << 16) | socket.htons(0x0003)  # TC_H_MAKE(prio 1 << 16, htons(ETH_P_ALL))
+    tcm = struct.pack("=BxHiIII", socket.AF_UNSPEC, 0, socket.if_nametoindex(ifname), 1, parent, info)
+    opts = (
+        _nl_attr(TCA_BPF_FD, struct.pack("=I", fd))
+        + _nl_attr(TCA_BPF_NAME, name.encode() + b"\0")
+        + _nl_attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT))
+    )
+    body = tcm + _nl_attr(TCA_KIND, b"bpf\0") + _nl_attr(TCA_OPTIONS, opts)
+    _nl_send(RTM_NEWTFILTER, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
+
+
+def _tcbpf_helper(argv: list[str]) -> int:
+    """Hidden entry point ``--_tcbpf DEV OUTER_ID INNER_ID`` run inside the namespace (clsact must exist)."""
+    dev, outer_id, inner_id = argv[0], int(argv[1]), int(argv[2])
+    push, pop = bpf_vlan_programs(outer_id, inner_id)
+    fds = {"egress": bpf_prog_load(push, "qinq_push"), "ingress": bpf_prog_load(pop, "qinq_pop")}
+    tc_attach_bpf(dev, fds["egress"], TC_H_CLSACT_EGRESS, "qinq_push")
+    tc_attach_bpf(dev, fds["ingress"], TC_H_CLSACT_INGRESS, "qinq_pop")
+    print(json.dumps({
+        "egress": f"bpf_skb_vlan_push 802.1Q {inner_id}, then 802.1ad {outer_id} ({len(push) // 8} insns)",
+        "ingress": f"bpf_skb_vlan_pop twice ({len(pop) // 8} insns)",
+        "egress_insns_hex": push.hex(), "ingress_insns_hex": pop.hex(),
+    }))  # fmt: skip
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# tun/tap relays (tun_raw topology, and Geneve when the kernel has no geneve device)
+# ---------------------------------------------------------------------------------------------
+
+TUNSETIFF, TUNSETOFFLOAD = 0x400454CA, 0x400454D0  # _IOW('T', 202/208, int) (x86, arm, riscv)
+IFF_TUN, IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x0001, 0x0002, 0x1000, 0x4000
+TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6 = 0x01, 0x02, 0x04
+CLONE_NEWNET = 0x40000000
+
+
+def _open_tun(name: str, flags: int) -> int:
+    """Create tun/tap ``name`` in the current netns (fixed at open() time) and return its fd."""
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), flags))
+    return fd
+
+
+def _setns(path: str) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f:
+        if libc.setns(f.fileno(), CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+
+
+def _relay_signals() -> None:
+    def _exit(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
+
+
+def _tun_relay(argv: list[str]) -> int:
+    """``--_tun_relay NAME OTHER_NETNS_PATH``: tun NAME here and in the other netns, packets copied both ways.
+
+    Both tun devices use IFF_VNET_HDR with TSO4/TSO6/CSUM offloads, so the sending stack hands 64 KiB GSO
+    packets to the tun and the relay writes them, virtio_net_hdr included, unchanged into the peer tun:
+    both captures show the same (large) packets. A tun device is ARPHRD_NONE: libpcap writes LINKTYPE_RAW.
+    """
+    name, other = argv[0], argv[1]
+    flags = IFF_TUN | IFF_NO_PI | IFF_VNET_HDR
+    offl = TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
+    a = _open_tun(name, flags)
+    fcntl.ioctl(a, TUNSETOFFLOAD, offl)
+    _setns(other)
+    b = _open_tun(name, flags)
+    fcntl.ioctl(b, TUNSETOFFLOAD, offl)
+    _relay_signals()
+    peer = {a: b, b: a}
+    stats = Counter()
+    print(json.dumps({"ready": name, "flags": hex(flags), "offload": hex(offl)}), flush=True)
+    try:
+        while True:
+            ready, _, _ = select.select([a, b], [], [])
+            for fd in ready:
+                pkt = os.read(fd, 1 << 17)
+                try:
+                    os.write(peer[fd], pkt)
+                    stats["here_to_other" if fd == a else "other_to_here"] += 1
+                except OSError as e:
+                    stats[f"write_error_{e.errno}"] += 1
+    finally:
+        print(json.dumps({"stats": dict(stats)}), flush=True)
+
+
+def _geneve_relay(argv: list[str]) -> int:
+    """``--_geneve_relay TAP LOCAL PEER VNI``: a userspace Geneve endpoint (RFC 8926) for kernels without geneve.
+
+    Ethernet frames read from tap TAP are sent to PEER:6081 as UDP (kernel socket, ephemeral source port, like
+    the kernel's flow-hashed one) behind an 8-byte Geneve header (version 0, no options, protocol 0x6558
+    Transparent Ethernet Bridging, VNI); datagrams received on LOCAL:6081 are checked and written to the tap.
+    """
+    name, local, peer, vni = argv[0], argv[1], argv[2], int(argv[3])
+    fam = socket.AF_INET6 if ":" in local else socket.AF_INET
+    tap = _open_tun(name, IFF_TAP | IFF_NO_PI)
+    rx = socket.socket(fam, socket.SOCK_DGRAM)
+    rx.bind((local, GENEVE_PORT))
+    tx = socket.socket(fam, socket.SOCK_DGRAM)
+    tx.bind((local, 0))
+    # 8 MB buffers (SO_*BUFFORCE, root): the kernel side is far faster than this loop
+    rx.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE
+    tx.setsockopt(socket.SOL_SOCKET, 32, 8 << 20)  # SO_SNDBUFFORCE
+    hdr = struct.pack("!BBHI", 0, 0, 0x6558, vni << 8)
+    _relay_signals()
+    stats = Counter()
+    print(json.dumps({"ready": name, "udp_source_port": tx.getsockname()[1]}), flush=True)
+    try:
+        while True:
+            ready, _, _ = select.select([tap, rx], [], [])
+            if tap in ready:
+                frame = os.read(tap, 1 << 16)
+                try:
+                    tx.sendto(hdr + frame, (peer, GENEVE_PORT))
+                    stats["tap_to_udp"] += 1
+                except OSError as e:
+                    stats[f"send_error_{e.errno}"] += 1
+            if rx in ready:
+                data, _src = rx.recvfrom(1 << 16)
+                optlen = (data[0] & 0x3F) * 4 if data else 0
+                if len(data) < 8 + optlen or data[0] >> 6 != 0 or data[2:4] != b"\x65\x58" or data[4:7] != hdr[4:7]:
+                    stats["bad_geneve"] += 1
+                    continue
+                try:
+                    os.write(tap, data[8 + optlen :])
+                    stats["udp_to_tap"] += 1
+                except OSError as e:
+                    stats[f"write_error_{e.errno}"] += 1
+    finally:
+        print(json.dumps({"stats": dict(stats)}), flush=True)
+
+
+PROBE_PORT = 9  # discard: nothing listens, so a reachable peer answers a SYN with an RST
+
+
+def _probe(argv: list[str]) -> int:
+    """``--_probe ADDR PORT``: 0 if ADDR answers a TCP SYN (accept or RST), 1 on timeout or error."""
+    try:
+        with socket.create_connection((argv[0], int(argv[1])), timeout=1):
+            print(f"{argv[0]}: connected")
+    except ConnectionRefusedError:
+        print(f"{argv[0]}: RST (connection refused): reachable")
+    except OSError as e:
+        print(f"{argv[0]}: {e}")
+        return 1
+    return 0
+
+
 def _netlink_helper(argv: list[str]) -> int:
     """Hidden entry point run via ``ip netns exec NS python this.py --_netlink ...``."""
     op, ifname = argv[0], argv[1]
@@ -308,23 +642,36 @@ def _netlink_helper(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def read_pcap(path: str | os.PathLike[str]):
-    """Yield ``(ts_seconds_float, orig_len, data)`` for each record of a classic pcap file."""
+PCAP_MAGICS = {
+    b"\xd4\xc3\xb2\xa1": ("<", 1e-6),
+    b"\xa1\xb2\xc3\xd4": (">", 1e-6),
+    b"\x4d\x3c\xb2\xa1": ("<", 1e-9),
+    b"\xa1\xb2\x3c\x4d": (">", 1e-9),
+}
+
+
+def pcap_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The global header of a classic pcap file: byte order, timestamp unit, snaplen, linktype."""
     with open(path, "rb") as f:
         hdr = f.read(24)
-        magic = hdr[:4]
-        table = {
-            b"\xd4\xc3\xb2\xa1": ("<", 1e-6),
-            b"\xa1\xb2\xc3\xd4": (">", 1e-6),
-            b"\x4d\x3c\xb2\xa1": ("<", 1e-9),
-            b"\xa1\xb2\x3c\x4d": (">", 1e-9),
-        }
-        if magic not in table:
-            raise ValueError(f"{path}: not a classic pcap file")
-        endian, frac = table[magic]
-        (linktype,) = struct.unpack(endian + "I", hdr[20:24])
-        if linktype != 1:
-            raise ValueError(f"{path}: linktype {linktype}, expected 1 (Ethernet)")
+    if len(hdr) < 24 or hdr[:4] not in PCAP_MAGICS:
+        raise ValueError(f"{path}: not a classic pcap file")
+    endian, frac = PCAP_MAGICS[hdr[:4]]
+    snaplen, linktype = struct.unpack(endian + "II", hdr[16:24])
+    return {"endian": endian, "frac": frac, "snaplen": snaplen, "linktype": linktype}
+
+
+def read_pcap(path: str | os.PathLike[str], linktypes: tuple[int, ...] | None = (1,)):
+    """Yield ``(ts_seconds_float, orig_len, data)`` for each record of a classic pcap file.
+
+    Raises ValueError unless the file's linktype is in ``linktypes`` (None: any; see pcap_header()).
+    """
+    h0 = pcap_header(path)
+    endian, frac, linktype = h0["endian"], h0["frac"], h0["linktype"]
+    if linktypes is not None and linktype not in linktypes:
+        raise ValueError(f"{path}: linktype {linktype}, expected {' or '.join(map(str, linktypes))}")
+    with open(path, "rb") as f:
+        f.seek(24)
         rec = struct.Struct(endian + "IIII")
         while True:
             h = f.read(16)
@@ -357,26 +704,76 @@ class TcpPacket:
     )  # RFC 2675 jumbo payload length, if an HBH jumbo option is present
     ipv4_totlen0: bool
     ipv6_plen0: bool
+    syn_ts_opt: bool = False  # a SYN carrying the timestamp option (data segments then carry 12 option bytes)
+    tunnel: str | None = None  # "vxlan" / "geneve": the TCP fields are the inner frame's
+    vlans: tuple[int, ...] = ()  # VLAN ids of the (outer) link header, outermost first
+    linktype: int = 1
 
 
-def parse_frame(ts: float, orig: int, d: bytes) -> TcpPacket | None:
-    """Decode an Ethernet/IP/TCP frame (snaplen-truncated is fine); None if not TCP."""
-    off, etype = 14, struct.unpack_from("!H", d, 12)[0]
+def _ether_payload(d: bytes, off: int) -> tuple[int, int, tuple[int, ...]]:
+    """(L3 offset, ethertype, VLAN ids) of the Ethernet header at ``off``, 802.1Q/802.1ad tags skipped."""
+    etype = struct.unpack_from("!H", d, off + 12)[0]
+    off += 14
+    vlans = []
     while etype in (0x8100, 0x88A8):
+        vlans.append(struct.unpack_from("!H", d, off)[0] & 0xFFF)
         etype = struct.unpack_from("!H", d, off + 2)[0]
         off += 4
+    return off, etype, tuple(vlans)
+
+
+def _link_payload(d: bytes, linktype: int) -> tuple[int, int, tuple[int, ...]] | None:
+    """(L3 offset, ethertype, VLAN ids) after the link header of ``linktype``; None if not IPv4/IPv6."""
+    if linktype == 1:
+        return _ether_payload(d, 0)
+    if linktype == 113:  # LINUX_SLL: 16 bytes, protocol at 14
+        return 16, struct.unpack_from("!H", d, 14)[0], ()
+    if linktype == 276:  # LINUX_SLL2: 20 bytes, protocol at 0
+        return 20, struct.unpack_from("!H", d, 0)[0], ()
+    if linktype in (12, 101):  # RAW: the IP version nibble says which
+        ver = d[0] >> 4 if d else 0
+        return 0, {4: 0x0800, 6: 0x86DD}.get(ver, -1), ()
+    if linktype in (0, 108):  # NULL (host order) / LOOP (network order) 4-byte address family
+        le, be = struct.unpack_from("<I", d, 0)[0], struct.unpack_from(">I", d, 0)[0]
+        fam = be if linktype == 108 else (le if le < 256 else be)
+        return 4, 0x0800 if fam == 2 else (0x86DD if fam in (10, 24, 28, 30) else -1), ()
+    return None
+
+
+def parse_frame(ts: float, orig: int, d: bytes, linktype: int = 1) -> TcpPacket | None:
+    """Decode a captured frame down to TCP (snaplen-truncated is fine); None if not TCP.
+
+    ``linktype``: Ethernet (stacked 802.1Q/802.1ad tags skipped), LINUX_SLL, LINUX_SLL2, RAW, NULL or LOOP.
+    A VXLAN (UDP 4789) or Geneve (UDP 6081) datagram is followed into its inner frame; the TCP fields are
+    then the inner ones, ``tunnel`` names the tunnel and ``frame_len`` stays the outer frame's length.
+    """
+    link = _link_payload(d, linktype)
+    if link is None:
+        return None
+    off, etype, vlans = link
+    pkt = _parse_ip(ts, orig, d, off, etype, orig, None)
+    if pkt is not None:
+        pkt.vlans, pkt.linktype = vlans, linktype
+    return pkt
+
+
+def _parse_ip(
+    ts: float, orig: int, d: bytes, off: int, etype: int, wire_end: int, tunnel: str | None
+) -> TcpPacket | None:
+    """The IP/TCP part of parse_frame(); ``wire_end``: where this layer ends on the wire (offset in ``d``)."""
     jumbo, tl0, pl0 = None, False, False
     if etype == 0x0800:
         ihl = (d[off] & 0x0F) * 4
         totlen = struct.unpack_from("!H", d, off + 2)[0]
-        if d[off + 9] != 6:
+        proto = d[off + 9]
+        if proto != 6 and not (proto == 17 and tunnel is None):
             return None
         src, dst = (
             socket.inet_ntop(socket.AF_INET, d[off + 12 : off + 16]),
             socket.inet_ntop(socket.AF_INET, d[off + 16 : off + 20]),
         )
         tl0 = totlen == 0
-        l3 = totlen if totlen else orig - off
+        l3 = totlen if totlen else wire_end - off
         tcp = off + ihl
         fam = 4
     elif etype == 0x86DD:
@@ -397,19 +794,38 @@ def parse_frame(ts: float, orig: int, d: bytes) -> TcpPacket | None:
                         jumbo = struct.unpack_from("!I", d, q + 2)[0]
                     q += 2 + d[q + 1]
             nh, p = enh, p + elen
-        if nh != 6:
+        proto = nh
+        if proto != 6 and not (proto == 17 and tunnel is None):
             return None
         pl0 = plen == 0
-        l3 = 40 + (plen if plen else (jumbo if jumbo is not None else orig - off - 40))
+        l3 = 40 + (plen if plen else (jumbo if jumbo is not None else wire_end - off - 40))
         tcp = p
         fam = 6
     else:
         return None
+    if proto == 17:  # UDP: follow a VXLAN / Geneve tunnel into its inner frame (one level)
+        _sport, dport, ulen = struct.unpack_from("!HHH", d, tcp)
+        ulen = ulen or l3 - (tcp - off)
+        u = tcp + 8
+        if dport == VXLAN_PORT:
+            inner_off, inner_etype, _ = _ether_payload(d, u + 8)
+            kind = "vxlan"
+        elif dport == GENEVE_PORT:
+            g = u + 8 + (d[u] & 0x3F) * 4
+            ptype = struct.unpack_from("!H", d, u + 2)[0]
+            inner_off, inner_etype, _ = _ether_payload(d, g) if ptype == 0x6558 else (g, ptype, ())
+            kind = "geneve"
+        else:
+            return None
+        inner = _parse_ip(ts, orig, d, inner_off, inner_etype, tcp + ulen, kind)
+        if inner is not None:
+            inner.tunnel = kind
+        return inner
     sport, dport, seq = struct.unpack_from("!HHI", d, tcp)
     doff = (d[tcp + 12] >> 4) * 4
     flags = d[tcp + 13]
-    mss = None
-    if flags & 0x02:  # SYN: look for the MSS option
+    mss, syn_ts = None, False
+    if flags & 0x02:  # SYN: look for the MSS and timestamp options
         q = tcp + 20
         while q < min(tcp + doff, len(d)):
             kind = d[q]
@@ -420,6 +836,8 @@ def parse_frame(ts: float, orig: int, d: bytes) -> TcpPacket | None:
                 continue
             if kind == 2 and q + 4 <= len(d):
                 mss = struct.unpack_from("!H", d, q + 2)[0]
+            if kind == 8:
+                syn_ts = True
             q += max(d[q + 1], 2)
     payload = l3 - (tcp - off) - doff
     return TcpPacket(
@@ -438,7 +856,19 @@ def parse_frame(ts: float, orig: int, d: bytes) -> TcpPacket | None:
         jumbo,
         tl0,
         pl0,
+        syn_ts,
+        tunnel,
     )
+
+
+def mss_from_syn(pkts: list[TcpPacket]) -> dict[int, int]:
+    """family -> data-segment MSS from the SYNs: smallest MSS option, minus 12 when the SYN has timestamps."""
+    out: dict[int, int] = {}
+    for p in pkts:
+        if p.mss_opt:
+            m = p.mss_opt - (12 if p.syn_ts_opt else 0)
+            out[p.family] = min(out.get(p.family, m), m)
+    return out
 
 
 def summarize_pcap(
@@ -449,19 +879,27 @@ def summarize_pcap(
     ``mss`` maps family -> MSS used for the segment count (``ceil(payload / mss)``); by default the
     largest payload seen for that family in this capture (right for a sender-side capture).
     """
-    pkts = [p for r in read_pcap(path) if (p := parse_frame(*r)) is not None]
+    lt = pcap_header(path)["linktype"]
+    pkts = [p for r in read_pcap(path, None) if (p := parse_frame(*r, lt)) is not None]
     flows: dict[tuple[str, int, str, int], list[TcpPacket]] = {}
     for p in pkts:
         flows.setdefault((p.src, p.sport, p.dst, p.dport), []).append(p)
     out: dict[str, Any] = {
-        "packets": sum(1 for _ in read_pcap(path)),
+        "packets": sum(1 for _ in read_pcap(path, None)),
+        "linktype": lt,
+        "linktype_name": LINKTYPE_NAMES.get(lt, "?"),
         "tcp_packets": len(pkts),
+        "tunneled_tcp_packets": dict(Counter(p.tunnel for p in pkts if p.tunnel)),
+        "vlan_tagged_tcp_packets": {
+            "/".join(map(str, k)): v for k, v in Counter(p.vlans for p in pkts if p.vlans).items()
+        },
         "largest_frame": max((p.frame_len for p in pkts), default=0),
         "ipv6_hbh_jumbo": sum(p.hbh_jumbo is not None for p in pkts),
         "ipv6_payload_len_0": sum(p.ipv6_plen0 for p in pkts),
         "ipv4_tot_len_0": sum(p.ipv4_totlen0 for p in pkts),
         "l3_over_65535": sum(p.l3_len > 65535 for p in pkts),
         "syn_mss_options": sorted({p.mss_opt for p in pkts if p.mss_opt}),
+        "mss_from_syn": mss_from_syn(pkts),
         "flows": [],
     }
     for (src, sport, dst, dport), fp in flows.items():
@@ -505,6 +943,7 @@ def summarize_pcap(
                 "segments_histogram": {str(k): v for k, v in sorted(hist.items())},
                 "max_segments": max(hist),
                 "largest_frame": max(p.frame_len for p in data),
+                "largest_l3": max(p.l3_len for p in data),  # the inner IP packet for tunneled flows
                 "hbh_jumbo": sum(p.hbh_jumbo is not None for p in data),
                 "ipv4_tot_len_0": sum(p.ipv4_totlen0 for p in data),
                 "out_of_order_or_retransmitted": retrans,
@@ -580,8 +1019,12 @@ def check_prerequisites() -> None:
 class Experiment:
     """One scenario run: namespaces, veth, limits, captures, traffic, read-back, cleanup."""
 
-    def __init__(self, sc: Scenario, outdir: Path, nbytes: int, snaplen: int) -> None:
-        self.sc, self.outdir, self.nbytes, self.snaplen = sc, outdir, nbytes, snaplen
+    def __init__(self, sc: Scenario, outdir: Path, nbytes: int | None, snaplen: int | None) -> None:
+        self.sc, self.outdir = sc, outdir
+        self.nbytes = nbytes or sc.nbytes or DEFAULT_BYTES
+        self.snaplen = snaplen or sc.snaplen or DEFAULT_SNAPLEN
+        self.dst = {6: IPV6_RCV, 4: IPV4_RCV}  # iperf3 server addresses (the overlay's for other topologies)
+        self.relays: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         tag = f"{os.getpid()}-{sc.name}"
         self.snd, self.rcv = f"btp-snd-{tag}", f"btp-rcv-{tag}"
         self.r = Runner()
@@ -680,6 +1123,142 @@ class Experiment:
         else:
             raise CaptureError(f"veth pair did not come up (operstate {states})")
         self.check_limits()
+        if self.sc.topology != "veth":
+            self.setup_topology()
+
+    # -- linktype topologies -------------------------------------------------------------------
+    def setup_topology(self) -> None:
+        """Build the scenario's extra topology on the veth underlay, address it and check it carries traffic.
+
+        * ``qinq``: 802.1ad 100 + 802.1Q 200 on every frame between va and vb. With 8021q devices
+          (``va.ad``/``va.q``) when the kernel has them, else a clsact eBPF program on each veth pushing both
+          tags on egress and popping them on ingress (same frames on the wire).
+        * ``vxlan``: ``vx0`` VXLAN VNI 42, UDP 4789, over the IPv4 underlay (10.199.0.x on va/vb).
+        * ``geneve``: ``gn0`` Geneve VNI 42, UDP 6081, over the IPv6 underlay (fd00:b1::x): the kernel's
+          geneve device when it has one, else a tap device + a userspace Geneve endpoint (_geneve_relay).
+        * ``tun``: ``tn0`` tun devices in both namespaces joined by _tun_relay (point-to-point, RAW).
+        """
+        r, snd, rcv, topo = self.r, self.snd, self.rcv, self.sc.topology
+        (a6s, a6r), (a4s, a4r) = OVERLAY[topo]
+        self.dst = {6: a6r, 4: a4r}
+        me = os.path.abspath(__file__)
+        t: dict[str, Any] = {"kind": topo}
+        if topo == "qinq":
+            ad = ["type", "vlan", "proto", "802.1ad", "id", str(QINQ_OUTER_ID)]
+            cp = r.run(["ip", "-n", snd, "link", "add", "link", "va", "name", "va.ad", *ad], check=False)
+            if cp.returncode == 0:
+                t["method"] = "8021q devices: X.ad (802.1ad 100) on the veth, X.q (802.1Q 200) on X.ad"
+                r.run(["ip", "-n", rcv, "link", "add", "link", "vb", "name", "vb.ad", *ad])
+                for ns, x in ((snd, "va"), (rcv, "vb")):
+                    r.run(["ip", "-n", ns, "link", "add", "link", f"{x}.ad", "name", f"{x}.q", "type", "vlan",
+                           "id", str(QINQ_INNER_ID)])  # fmt: skip
+                    r.run(["ip", "-n", ns, "link", "set", f"{x}.ad", "up"])
+                    r.run(["ip", "-n", ns, "link", "set", f"{x}.q", "up"])
+                devs = {"snd": "va.q", "rcv": "vb.q"}
+            else:
+                t["method"] = (
+                    "clsact + eBPF on each veth: egress bpf_skb_vlan_push(802.1Q 200) then (802.1ad 100), "
+                    "ingress bpf_skb_vlan_pop x2"
+                )
+                t["vlan_device_unavailable"] = cp.stderr.strip()
+                for ns, x in ((snd, "va"), (rcv, "vb")):
+                    r.run(["tc", "qdisc", "add", "dev", x, "clsact"], ns=ns)
+                    cp = r.run([sys.executable, me, "--_tcbpf", x, str(QINQ_OUTER_ID), str(QINQ_INNER_ID)], ns=ns)
+                    t.setdefault("bpf", {})[x] = json.loads(cp.stdout)
+                    for d in ("egress", "ingress"):
+                        t.setdefault("tc_filter_show", {})[f"{x} {d}"] = r.run(
+                            ["tc", "filter", "show", "dev", x, d], ns=ns
+                        ).stdout.strip().splitlines()
+                devs = {"snd": "va", "rcv": "vb"}
+        elif topo == "vxlan":
+            for ns, x, local, remote in ((snd, "va", IPV4_SND, IPV4_RCV), (rcv, "vb", IPV4_RCV, IPV4_SND)):
+                r.run(["ip", "-n", ns, "link", "add", "vx0", "type", "vxlan", "id", str(TUNNEL_VNI), "remote",
+                       remote, "local", local, "dstport", str(VXLAN_PORT), "dev", x])  # fmt: skip
+                r.run(["ip", "-n", ns, "link", "set", "vx0", "mtu", str(VXLAN_MTU), "up"])
+            devs = {"snd": "vx0", "rcv": "vx0"}
+        elif topo == "geneve":
+            gn = ["type", "geneve", "id", str(TUNNEL_VNI), "dstport", str(GENEVE_PORT)]
+            cp = r.run(["ip", "-n", snd, "link", "add", "gn0", *gn, "remote", IPV6_RCV], check=False)
+            if cp.returncode == 0:
+                t["method"] = "kernel geneve device"
+                r.run(["ip", "-n", rcv, "link", "add", "gn0", *gn, "remote", IPV6_SND])
+            else:
+                t["method"] = (
+                    "tap gn0 + userspace Geneve endpoint (this script's _geneve_relay): kernel UDP sockets on "
+                    "the underlay, 8-byte Geneve header (no options, protocol 0x6558, VNI 42)"
+                )
+                t["geneve_device_unavailable"] = cp.stderr.strip()
+                for side, ns, local, peer in (("snd", snd, IPV6_SND, IPV6_RCV), ("rcv", rcv, IPV6_RCV, IPV6_SND)):
+                    self.start_relay(f"geneve_{side}", ns, ["--_geneve_relay", "gn0", local, peer, str(TUNNEL_VNI)])
+            for ns in (snd, rcv):
+                r.run(["ip", "-n", ns, "link", "set", "gn0", "mtu", str(GENEVE_MTU), "up"])
+            devs = {"snd": "gn0", "rcv": "gn0"}
+        elif topo == "tun":
+            t["method"] = "tun tn0 in each namespace (IFF_VNET_HDR, TSO4/TSO6/CSUM), joined by _tun_relay"
+            self.start_relay("tun", snd, ["--_tun_relay", "tn0", f"/run/netns/{rcv}"])
+            for ns in (snd, rcv):
+                r.run(["ip", "-n", ns, "link", "set", "tn0", "mtu", "1500", "up"])
+            devs = {"snd": "tn0", "rcv": "tn0"}
+        else:
+            raise CaptureError(f"unknown topology {topo!r}")
+        for side, ns, a6, a4 in (("snd", snd, a6s, a4s), ("rcv", rcv, a6r, a4r)):
+            dev = devs[side]
+            r.run(["ip", "-n", ns, "-6", "addr", "add", f"{a6}/{OVERLAY_PREFIX[6]}", "dev", dev, "nodad"])
+            r.run(["ip", "-n", ns, "-4", "addr", "add", f"{a4}/{OVERLAY_PREFIX[4]}", "dev", dev])
+        t["overlay_devices"] = devs
+        t["addresses"] = {
+            devs["snd"] + " (sender)": [f"{a6s}/{OVERLAY_PREFIX[6]}", f"{a4s}/{OVERLAY_PREFIX[4]}"],
+            devs["rcv"] + " (receiver)": [f"{a6r}/{OVERLAY_PREFIX[6]}", f"{a4r}/{OVERLAY_PREFIX[4]}"],
+        }
+        self.info["topology"] = t
+        self.check_overlay()
+        t["links"] = {
+            side: json.loads(r.run(["ip", "-d", "-j", "link", "show"], ns=ns).stdout)
+            for side, ns in (("snd", snd), ("rcv", rcv))
+        }
+
+    def start_relay(self, name: str, ns: str, args: list[str]) -> None:
+        """Start one of this script's relay entry points in ``ns`` and wait for its "ready" line."""
+        out = self.tmp / f"relay-{name}.out"
+        with open(out, "wb") as fo:
+            p = self.r.popen([sys.executable, os.path.abspath(__file__), *args], ns, stdout=fo, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        self.relays.append((name, p, out))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if '"ready"' in out.read_text(errors="replace"):
+                return
+            if p.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise CaptureError(f"relay {name} did not start: {out.read_text(errors='replace').strip()[-500:]}")
+
+    def stop_relays(self) -> None:
+        """Stop the relays (SIGTERM) and keep their packet counters for the JSON."""
+        res = {}
+        for name, p, out in self.relays:
+            rc = stop_process(p, signal.SIGTERM, timeout=5)
+            lines = out.read_text(errors="replace").strip().splitlines()
+            stats = [json.loads(ln) for ln in lines if ln.startswith("{")]
+            res[name] = {"exit_status": rc, "output": stats or lines[-5:]}
+        if res:
+            self.info["topology"]["relays"] = res
+
+    def check_overlay(self) -> None:
+        """A TCP connect per family over the overlay to a closed port: an RST back proves the path both ways
+        (and fills the neighbour caches before the captures start). No ping binary is needed."""
+        res = {}
+        for fam in (6, 4):
+            cmd = [sys.executable, os.path.abspath(__file__), "--_probe", self.dst[fam], str(PROBE_PORT)]
+            for _ in range(10):
+                cp = self.r.run(cmd, ns=self.snd, check=False)
+                if cp.returncode == 0:
+                    break
+                time.sleep(0.3)
+            else:
+                raise CaptureError(f"no IPv{fam} path over {self.sc.topology}: {cp.stdout}{cp.stderr}")
+            res[f"ipv{fam}"] = cp.stdout.strip()
+        self.info["topology"]["connectivity_probe"] = res
 
     def check_limits(self) -> None:
         """Read every limit back (rtnetlink) and fail if it differs from what the scenario set."""
@@ -705,7 +1284,7 @@ class Experiment:
 
     # -- capture + traffic ---------------------------------------------------------------------
     def start_tcpdump(
-        self, ns: str, dev: str, path: Path
+        self, ns: str, dev: str, path: Path, dlt: str | None = None
     ) -> tuple[subprocess.Popen[bytes], Path]:
         errpath = self.tmp / f"{path.name}.tcpdump.err"
         cmd = [
@@ -721,6 +1300,8 @@ class Experiment:
             "root",
             "--immediate-mode",
         ]
+        if dlt:
+            cmd += ["-y", dlt]
         if self.tcpdump_nano:
             cmd += ["--time-stamp-precision", "nano"]
         cmd += ["-w", str(path)]  # deliberately no filter expression (spec R20)
@@ -764,7 +1345,7 @@ class Experiment:
     def traffic(self) -> None:
         flows = []
         for fam in self.sc.families:
-            port, addr = (PORT_V6, IPV6_RCV) if fam == 6 else (PORT_V4, IPV4_RCV)
+            port, addr = (PORT_V6, self.dst[6]) if fam == 6 else (PORT_V4, self.dst[4])
             srv_cmd = ["iperf3", "-s", "-1", "-B", addr, "-p", str(port)]
             srv = self.r.popen(
                 srv_cmd, self.rcv, subprocess.DEVNULL, subprocess.DEVNULL
@@ -902,12 +1483,25 @@ class Experiment:
 
     # -- orchestration --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        snd_pcap = self.outdir / f"{self.sc.name}.snd.pcap"
-        rcv_pcap = self.outdir / f"{self.sc.name}.rcv.pcap"
+        caps = self.sc.captures
+        files = {side: self.outdir / f"{self.sc.name}.{side}.pcap" for side, *_ in caps}
         help_text = self.r.run(["tcpdump", "--help"], check=False)
         self.tcpdump_nano = "time-stamp-precision" in (
             help_text.stdout + help_text.stderr
         )
+        capture: dict[str, Any] = {
+            "snaplen": self.snaplen,
+            "timestamp_precision": "nano" if self.tcpdump_nano else "micro",
+            "filter": None,
+        }
+        for side, *_ in caps:
+            capture[f"{SIDE_NAMES[side]}_file"] = files[side].name
+        if caps != DEFAULT_CAPTURES:
+            capture["interfaces"] = {
+                SIDE_NAMES[side]: {"netns": self.snd if side == "snd" else self.rcv, "interface": iface,
+                                   "tcpdump_y": dlt, "linktype_expected": lt}
+                for side, iface, dlt, lt in caps
+            }  # fmt: skip
         self.info |= {
             "generated_by": "scripts/make_kernel_captures.py",
             "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
@@ -922,27 +1516,26 @@ class Experiment:
                 "va": [f"{IPV6_SND}/64", f"{IPV4_SND}/30"],
                 "vb": [f"{IPV6_RCV}/64", f"{IPV4_RCV}/30"],
             },
-            "capture": {
-                "snaplen": self.snaplen,
-                "timestamp_precision": "nano" if self.tcpdump_nano else "micro",
-                "filter": None,
-                "sender_file": snd_pcap.name,
-                "receiver_file": rcv_pcap.name,
-            },
+            "capture": capture,
         }
+        if self.sc.group != "gro":
+            self.info["iperf3_bytes"] = self.nbytes
         try:
             self.setup()
             self.read_back()
-            ps, es = self.start_tcpdump(self.snd, "va", snd_pcap)
-            pr, er = self.start_tcpdump(self.rcv, "vb", rcv_pcap)
+            running = []
+            for side, iface, dlt, _lt in caps:
+                ns = self.snd if side == "snd" else self.rcv
+                running.append((side, *self.start_tcpdump(ns, iface, files[side], dlt)))
             time.sleep(0.2)
             self.traffic()
             time.sleep(
                 1.5
             )  # > libpcap's TPACKET_V3 block timeout, so every packet reaches the file
-            self.info["capture"]["tcpdump_sender"] = self.stop_tcpdump(ps, es)
-            self.info["capture"]["tcpdump_receiver"] = self.stop_tcpdump(pr, er)
-            for side in ("tcpdump_sender", "tcpdump_receiver"):
+            for side, p, errpath in running:
+                self.info["capture"][f"tcpdump_{SIDE_NAMES[side]}"] = self.stop_tcpdump(p, errpath)
+            self.stop_relays()
+            for side in (f"tcpdump_{SIDE_NAMES[c[0]]}" for c in caps):
                 drops = self.info["capture"][side]["dropped_by_kernel"]
                 if drops != 0:
                     raise CaptureError(
@@ -953,7 +1546,9 @@ class Experiment:
                     raise CaptureError(
                         f"{side}: tcpdump captured {cap['captured']} of {cap['received_by_filter']}"
                     )
-            self.summarize(snd_pcap, rcv_pcap)
+            if caps != DEFAULT_CAPTURES:
+                self.check_linktypes(files)
+            self.summarize(files)
         except BaseException as e:
             self.info["error"] = f"{type(e).__name__}: {e}"
             raise
@@ -965,19 +1560,52 @@ class Experiment:
             )
         return self.info
 
-    def summarize(self, snd_pcap: Path, rcv_pcap: Path) -> None:
-        snd = summarize_pcap(snd_pcap)
-        mss = {f["family"]: f["max_payload"] for f in snd["flows"]}
-        rcv = summarize_pcap(rcv_pcap, mss)
-        self.info["mss_seen"] = {f"ipv{k}": v for k, v in mss.items()} | {
-            "syn_mss_options": snd["syn_mss_options"]
+    def check_linktypes(self, files: dict[str, Path]) -> None:
+        """The linktype each file was written with (pcap header, and capinfos when installed) must be the
+        scenario's."""
+        for side, _iface, _dlt, want in self.sc.captures:
+            path = files[side]
+            got = pcap_header(path)["linktype"]
+            rec: dict[str, Any] = {"linktype": got, "name": LINKTYPE_NAMES.get(got, "?")}
+            if shutil.which("capinfos"):
+                cp = self.r.run(["capinfos", "-t", "-E", "-l", str(path)], check=False)
+                rec["capinfos"] = [ln.strip() for ln in cp.stdout.splitlines()[1:] if ln.strip()]
+            self.info["capture"][f"{SIDE_NAMES[side]}_linktype"] = rec
+            if got != want:
+                raise CaptureError(f"{path.name}: linktype {got}, expected {want}")
+
+    def summarize(self, files: dict[str, Path]) -> None:
+        if self.sc.captures == DEFAULT_CAPTURES and self.sc.topology == "veth":
+            snd_pcap, rcv_pcap = files["snd"], files["rcv"]
+            snd = summarize_pcap(snd_pcap)
+            mss = {f["family"]: f["max_payload"] for f in snd["flows"]}
+            rcv = summarize_pcap(rcv_pcap, mss)
+            self.info["mss_seen"] = {f"ipv{k}": v for k, v in mss.items()} | {
+                "syn_mss_options": snd["syn_mss_options"]
+            }
+            self.info["observed"] = {"sender": snd, "receiver": rcv}
+            for f in snd["flows"]:
+                if f["packets_payload_gt_mss"]:
+                    raise CaptureError(
+                        f"sender capture has packets larger than the MSS: {f}"
+                    )
+            return
+        # Other scenarios may lack a sender capture (or, tun, see GSO packets there): the segment count uses
+        # the MSS the SYNs announce, minus the 12 bytes of the timestamp option.
+        first = {side: summarize_pcap(path) for side, path in files.items()}
+        mss: dict[int, int] = {}
+        for summ in first.values():
+            for fam, m in summ["mss_from_syn"].items():
+                mss[fam] = min(mss.get(fam, m), m)
+        self.info["mss_seen"] = {f"ipv{k}": v for k, v in sorted(mss.items())} | {
+            "source": "SYN MSS option minus 12 (timestamp option)",
+            "syn_mss_options": sorted({m for summ in first.values() for m in summ["syn_mss_options"]}),
         }
-        self.info["observed"] = {"sender": snd, "receiver": rcv}
-        for f in snd["flows"]:
-            if f["packets_payload_gt_mss"]:
-                raise CaptureError(
-                    f"sender capture has packets larger than the MSS: {f}"
-                )
+        self.info["observed"] = {SIDE_NAMES[side]: summarize_pcap(path, mss) for side, path in files.items()}
+        if self.sc.topology != "tun":  # a tun sender with TSO hands 64 KiB GSO packets to the capture
+            for f in self.info["observed"].get("sender", {}).get("flows", []):
+                if f["packets_payload_gt_mss"]:
+                    raise CaptureError(f"sender capture has packets larger than the MSS: {f}")
 
     def cleanup(self) -> None:
         for p in self.procs:
@@ -1005,11 +1633,85 @@ def one_line_summary(info: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+# ---------------------------------------------------------------------------------------------
+# NULL / LOOP files derived from Ethernet kernel captures (Linux cannot capture these link types)
+# ---------------------------------------------------------------------------------------------
+
+
+def derive_loopback_pcap(src: Path, dst: Path, linktype: int, families: dict[int, int]) -> dict[str, Any]:
+    """Rewrite the link header of every IP frame of Ethernet capture ``src`` into a NULL (0) or LOOP (108) file.
+
+    Deterministic, stdlib only. The 14-byte Ethernet header (the source must carry no VLAN tag) becomes the
+    4-byte address family ``families[ethertype]``: in the file's own byte order for NULL (BSD loopback, "host
+    order" of the writer), in network order for LOOP (OpenBSD). Captured and original lengths shrink by 10,
+    the snaplen too; timestamps, byte order and timestamp precision are kept; the IP packets are untouched.
+    Frames with any other ethertype are left out and counted. Returns a record for the JSON.
+    """
+    if linktype not in (0, 108):
+        raise ValueError(f"linktype {linktype}: only NULL (0) and LOOP (108) are derived")
+    raw = src.read_bytes()
+    h0 = pcap_header(src)
+    e = h0["endian"]
+    if h0["linktype"] != 1:
+        raise ValueError(f"{src}: linktype {h0['linktype']}, expected Ethernet")
+    fam_fmt = e + "I" if linktype == 0 else ">I"
+    out = [raw[:16] + struct.pack(e + "II", h0["snaplen"] - 10, linktype)]
+    kept, left_out = Counter(), Counter()
+    pos = 24
+    while pos + 16 <= len(raw):
+        sec, sub, incl, orig = struct.unpack(e + "IIII", raw[pos : pos + 16])
+        data = raw[pos + 16 : pos + 16 + incl]
+        pos += 16 + incl
+        etype = struct.unpack_from("!H", data, 12)[0] if incl >= 14 else -1
+        if etype not in families:
+            left_out[f"0x{etype:04x}"] += 1
+            continue
+        body = struct.pack(fam_fmt, families[etype]) + data[14:]
+        out.append(struct.pack(e + "IIII", sec, sub, len(body), orig - 10) + body)
+        kept[f"0x{etype:04x} -> family {families[etype]}"] += 1
+    dst.write_bytes(b"".join(out))
+    return {
+        "derived_by": "scripts/make_kernel_captures.py derive_loopback_pcap()",
+        "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "source": src.name,
+        "source_sha256": hashlib.sha256(raw).hexdigest(),
+        "output": dst.name,
+        "output_sha256": hashlib.sha256(dst.read_bytes()).hexdigest(),
+        "linktype": linktype,
+        "linktype_name": LINKTYPE_NAMES[linktype],
+        "family_byte_order": ("file byte order (" + ("little" if e == "<" else "big") + " endian)")
+        if linktype == 0 else "network (big endian)",
+        "families": {f"0x{k:04x}": v for k, v in families.items()},
+        "frames_kept": dict(kept),
+        "frames_left_out": dict(left_out),
+        "snaplen": h0["snaplen"] - 10,
+        "lengths": "caplen and orig_len of every record = source - 10 (14-byte Ethernet -> 4-byte family)",
+        "observed": summarize_pcap(dst),
+    }  # fmt: skip
+
+
+def derive_all(outdir: Path, source_dir: Path) -> int:
+    """Write every DERIVED file (and its JSON) into ``outdir``; return the number of failures."""
+    failed = 0
+    for name, (src, linktype, fams) in DERIVED.items():
+        try:
+            rec = derive_loopback_pcap(source_dir / src, outdir / f"{name}.pcap", linktype, fams)
+        except (OSError, ValueError) as e:
+            print(f"make_kernel_captures: {name}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        (outdir / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+        print(f"{name}: {rec['frames_kept']} left out {rec['frames_left_out']}")
+    return failed
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--_netlink"]:
-        return _netlink_helper(argv[1:])
+    hidden = {"--_netlink": _netlink_helper, "--_tcbpf": _tcbpf_helper, "--_tun_relay": _tun_relay,
+              "--_geneve_relay": _geneve_relay, "--_probe": _probe}  # fmt: skip
+    if argv[:1] and argv[0] in hidden:
+        return hidden[argv[0]](argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--outdir",
@@ -1026,25 +1728,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--all",
         action="store_true",
-        help=f"run every scenario and copy {SAMPLE_SOURCE}.rcv.pcap to sample.pcap",
+        help=f"run every GRO-pair scenario and copy {SAMPLE_SOURCE}.rcv.pcap to sample.pcap",
+    )
+    ap.add_argument(
+        "--linktypes",
+        action="store_true",
+        help="run every linktype scenario (SLL, SLL2, qinq, VXLAN, Geneve, RAW) and derive the NULL/LOOP files",
+    )
+    ap.add_argument(
+        "--derive",
+        action="store_true",
+        help="only derive the NULL/LOOP files (no root needed)",
+    )
+    ap.add_argument(
+        "--derive-from",
+        type=Path,
+        default=KERNEL_FIXTURES,
+        help=f"directory holding the Ethernet captures the NULL/LOOP files are derived from (default {KERNEL_FIXTURES})",
     )
     ap.add_argument(
         "--bytes",
         type=int,
-        default=DEFAULT_BYTES,
-        help=f"iperf3 -n (default {DEFAULT_BYTES})",
+        default=None,
+        help=f"iperf3 -n (default: the scenario's, else {DEFAULT_BYTES})",
     )
     ap.add_argument(
         "--snaplen",
         type=int,
-        default=DEFAULT_SNAPLEN,
-        help=f"tcpdump -s (default {DEFAULT_SNAPLEN})",
+        default=None,
+        help=f"tcpdump -s (default: the scenario's, else {DEFAULT_SNAPLEN})",
     )
     args = ap.parse_args(argv)
-    names = sorted(SCENARIOS) if args.all else (args.scenario or [])
+    names = [n for n in sorted(SCENARIOS) if SCENARIOS[n].group == "gro"] if args.all else []
+    names += [n for n in sorted(SCENARIOS) if SCENARIOS[n].group == "linktype"] if args.linktypes else []
+    names += [n for n in args.scenario or [] if n not in names]
+    if args.derive and not names:
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        return 1 if derive_all(args.outdir, args.derive_from) else 0
     if not names:
-        ap.error("give --scenario NAME (repeatable) or --all")
-    if args.snaplen < 94:
+        ap.error("give --scenario NAME (repeatable), --all, --linktypes or --derive")
+    if args.snaplen is not None and args.snaplen < 94:
         ap.error(
             "--snaplen must be >= 94 (Ethernet + IPv6 + HBH + TCP with timestamps)"
         )
@@ -1069,6 +1792,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copyfile(
             args.outdir / f"{SAMPLE_SOURCE}.rcv.pcap", args.outdir / "sample.pcap"
         )
+    if args.linktypes or args.derive:
+        failed += derive_all(args.outdir, args.derive_from)
     return 1 if failed else 0
 
 
