@@ -1137,6 +1137,9 @@ class Experiment:
         * ``geneve``: ``gn0`` Geneve VNI 42, UDP 6081, over the IPv6 underlay (fd00:b1::x): the kernel's
           geneve device when it has one, else a tap device + a userspace Geneve endpoint (_geneve_relay).
         * ``tun``: ``tn0`` tun devices in both namespaces joined by _tun_relay (point-to-point, RAW).
+
+        The first overlay packet is sent by check_overlay() once the captures run, so they also hold the
+        neighbour resolution through the topology (ARP and ND inside the tunnel, tagged ARP).
         """
         r, snd, rcv, topo = self.r, self.snd, self.rcv, self.sc.topology
         (a6s, a6r), (a4s, a4r) = OVERLAY[topo]
@@ -1211,7 +1214,6 @@ class Experiment:
             devs["rcv"] + " (receiver)": [f"{a6r}/{OVERLAY_PREFIX[6]}", f"{a4r}/{OVERLAY_PREFIX[4]}"],
         }
         self.info["topology"] = t
-        self.check_overlay()
         t["links"] = {
             side: json.loads(r.run(["ip", "-d", "-j", "link", "show"], ns=ns).stdout)
             for side, ns in (("snd", snd), ("rcv", rcv))
@@ -1528,6 +1530,8 @@ class Experiment:
                 ns = self.snd if side == "snd" else self.rcv
                 running.append((side, *self.start_tcpdump(ns, iface, files[side], dlt)))
             time.sleep(0.2)
+            if self.sc.topology != "veth":
+                self.check_overlay()
             self.traffic()
             time.sleep(
                 1.5
