@@ -1,0 +1,750 @@
+"""CompiledGroEngine: the reference GroEngine's per-packet loop compiled with numba, identical output.
+
+Same public interface as ``engine.GroEngine`` (``feed(PacketBatch, flow_id)``, ``flush()``, ``held``,
+``config``) and the same rows, column by column and in the same order, for every config and every way the
+input is split into batches (tests/gro/test_compiled.py checks this against the reference engine).
+
+What stays in Python, per batch (vectorized, or per *new* flow key only):
+
+* ``prepare.prepare`` (shared with the reference): kinds, flush marks, packed comparison words, flow keys;
+* the flow-key -> gid table (a dict on a 64-bit digest of the key, verified against the stored key) and the
+  creation of per-gid / per-direction / per-queue state when a batch brings new keys or RX queues.
+
+What is compiled (``@njit(cache=True)``, flat int64 state, no Python objects): the whole per-packet loop of
+``GroEngine._run`` and everything it calls (``_complete``, ``_flush_all``, ``_flush_old``,
+``_complete_poll``, ``_timers``, ``_mismatch``, row building, SYN MSS / R2 detection), and ``flush()``.
+
+State layout (struct of arrays, grown in Python between batches):
+
+* ``_S[g, field]``: one row per flow key (gid): its static facts (queue, bucket, IP version, ports, the ids
+  of its SYN-MSS directions, largest plain segment) and its held entry p (``E_*`` fields, valid while
+  ``G_HELD``). A key holds at most one entry at a time (the reference's ``_held[g]``), so the pool of held
+  entries is indexed by gid and needs no free list; ``max_gro_skbs = inf`` needs no cap.
+* bucket lists (oldest -> newest) are doubly linked lists through ``G_PREV``/``G_NEXT`` with head, tail and
+  length per (queue, bucket) in ``_B``: append, unlink from the middle (R16/R17 completions) and pop the
+  oldest (R18, R21.4) are O(1).
+* ``_Q[q, field]``: per NAPI instance the poll state (last arrival, work, held count, R21.5 timer).
+* ``_D[did]``: SYN MSS option per flow direction (address/port 4-tuple without L2 keys), 0 = none seen.
+
+Reference fallback: configurations whose arithmetic could exceed int64 in the compiled jiffy computation
+(``hz`` > 10**6 or ``|jiffy_phase_ns|`` > 2**61; the reference uses Python integers) are delegated to the
+reference ``GroEngine`` as a whole (``self.compiled`` is False then). Every other config, including
+``gro_flush_timeout_ns`` > 0 with ``napi_defer_hard_irqs``, several RX queues and ``max_gro_skbs = inf``,
+runs compiled.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ..decode.schema import (
+    BIGTCP_HBH_JUMBO,
+    BIGTCP_NONE,
+    BIGTCP_V4_TOTLEN0,
+    BIGTCP_V6_PLEN0,
+    TH_CWR,
+    TH_FIN,
+    TH_PSH,
+    TH_RST,
+    TH_SYN,
+    TH_URG,
+    PacketBatch,
+)
+from . import reasons as R
+from .config import GRO_LEGACY_MAX_SIZE, GroConfig
+from .engine import GroEngine
+from .prepare import KIND_ALONE, KIND_TCP, Prepared, prepare
+from .superpacket import COLUMN_TYPES, SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
+
+M32 = 0xFFFFFFFF
+ALONE_FLAGS = TH_URG | TH_PSH | TH_RST | TH_SYN | TH_FIN  # R16/R17: these complete p / keep a packet out
+ORED_FLAGS = TH_PSH | TH_FIN  # R16: ORed into p's header on merge
+IPV6_MAXPLEN = 65535
+NO_LIMIT = 1 << 62
+BIG = 1 << 62  # max_gro_skbs = inf, poll_gap_us = inf
+NS = 1_000_000_000
+MAX_HZ = 10**6
+MAX_PHASE = 1 << 61
+
+# --- per-gid row of _S: static facts of the flow key, then its held entry p (struct napi_gro_cb) ----------
+G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT = range(11)
+(E_Q, E_FID, E_L2, E_HDR, E_SEQ0, E_NXT, E_ACK, E_FWM, E_OPT, E_L3W, E_ID0, E_FIXED, E_MSS, E_GSO, E_COUNT,
+ E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(11, 35)
+NSF = 35
+# --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
+Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER = range(8)
+NQF = 8
+# --- per-(queue, bucket) row of _B ----------------------------------------------------------------------------
+B_HEAD, B_TAIL, B_LEN = range(3)
+# --- config vector _C ------------------------------------------------------------------------------------------
+(C_LIM4, C_LIM6, C_GAP, C_CWR, C_GSO_AUTO, C_NEEDS_DF, C_MAXSKBS, C_HZ, C_PHASE, C_FLUSH_OLD_FULL, C_TMO,
+ C_WEIGHT, C_DEFER, C_FALLBACK_MTU, C_HBH, C_NB) = range(16)
+NCF = 16
+
+_OUT_TYPES = tuple(COLUMN_TYPES.values())
+
+
+# ============================================================================================================
+# compiled helpers
+# ============================================================================================================
+@njit(cache=True)
+def _jiffy(now, phase, hz):
+    """R21.4: floor((now - phase) * hz / 1e9) without int64 overflow (hz <= MAX_HZ)."""
+    x = now - phase
+    qd = x // NS
+    r = x - qd * NS
+    return qd * hz + (r * hz) // NS
+
+
+@njit(cache=True)
+def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0, f1, t0, t1, reason, source,
+          flags, ack, gso):
+    """Write output row k (columns in superpacket.ROW_FIELDS order)."""
+    O[0][k] = fid
+    O[1][k] = ver
+    O[2][k] = sport
+    O[3][k] = dport
+    O[4][k] = seq0
+    O[5][k] = plen
+    O[6][k] = nseg
+    O[7][k] = l3
+    O[8][k] = frame_len
+    O[9][k] = big
+    O[10][k] = f0
+    O[11][k] = f1
+    O[12][k] = t0
+    O[13][k] = t1
+    O[14][k] = reason
+    O[15][k] = source
+    O[16][k] = flags
+    O[17][k] = ack
+    O[18][k] = gso
+
+
+@njit(cache=True)
+def _row(S, C, O, K, g, reason):
+    """R20: what the receiver sees for a completed p (appended to the output, R23)."""
+    l3 = S[g, E_PLEN]
+    frame_len = S[g, E_L2] + l3
+    big = BIGTCP_NONE
+    gso = 0
+    v4 = S[g, G_V4] != 0
+    if S[g, E_COUNT] > 1:
+        gso = S[g, E_MSS]
+        if v4:
+            if l3 > 65535:
+                big = BIGTCP_V4_TOTLEN0  # R20: tot_len = 0 above 65535
+        elif l3 - 40 > IPV6_MAXPLEN:
+            if C[C_HBH]:
+                big = BIGTCP_HBH_JUMBO  # R20 (<= 6.19): 8-byte HBH jumbo inserted, payload_len 0
+                frame_len += 8
+            else:
+                big = BIGTCP_V6_PLEN0  # R20 (7.0): payload_len 0, no extension header
+    source = SOURCE_OBSERVED if (S[g, E_GSO] != 0 and S[g, E_NPK] == 1) else SOURCE_REBUILT
+    k = K[0]
+    _emit(O, k, S[g, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], S[g, E_SEQ0], l3 - S[g, E_HDR],
+          S[g, E_COUNT], l3, frame_len, big, S[g, E_F0], S[g, E_F1], S[g, E_T0], S[g, E_T1], reason, source,
+          S[g, E_FLAGS], S[g, E_ACK], gso)
+    K[0] = k + 1
+
+
+@njit(cache=True)
+def _unlink(S, B, g):
+    """Take p out of its bucket list (kept oldest -> newest)."""
+    q = S[g, E_Q]
+    b = S[g, G_B]
+    p = S[g, G_PREV]
+    nx = S[g, G_NEXT]
+    if p >= 0:
+        S[p, G_NEXT] = nx
+    else:
+        B[q, b, B_HEAD] = nx
+    if nx >= 0:
+        S[nx, G_PREV] = p
+    else:
+        B[q, b, B_TAIL] = p
+    B[q, b, B_LEN] -= 1
+
+
+@njit(cache=True)
+def _complete(S, Q, B, C, O, K, g, reason):
+    """Complete p (R20) and append its row (R23: delivery order = completion order)."""
+    _unlink(S, B, g)
+    S[g, G_HELD] = 0
+    Q[S[g, E_Q], Q_HELD] -= 1
+    _row(S, C, O, K, g, reason)
+
+
+@njit(cache=True)
+def _flush_all(S, Q, B, C, O, K, q, reason):
+    """R21.2/R21.4: every bucket in ascending order, each oldest to newest."""
+    for b in range(B.shape[1]):
+        g = B[q, b, B_HEAD]
+        if g < 0:
+            continue
+        while g >= 0:
+            S[g, G_HELD] = 0
+            _row(S, C, O, K, g, reason)
+            g = S[g, G_NEXT]
+        Q[q, Q_HELD] -= B[q, b, B_LEN]
+        B[q, b, B_HEAD] = -1
+        B[q, b, B_TAIL] = -1
+        B[q, b, B_LEN] = 0
+
+
+@njit(cache=True)
+def _flush_old(S, Q, B, C, O, K, q, now):
+    """R21.4 flush_old: per bucket (ascending) oldest to newest, stopping at the first entry of this jiffy."""
+    jiffy = _jiffy(now, C[C_PHASE], C[C_HZ])
+    for b in range(B.shape[1]):
+        while B[q, b, B_HEAD] >= 0 and S[B[q, b, B_HEAD], E_AGE] != jiffy:
+            _complete(S, Q, B, C, O, K, B[q, b, B_HEAD], R.NAPI_POLL)
+
+
+@njit(cache=True)
+def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
+    """R21.2/R21.5 napi_complete_done(work) at time tnow: flush all, or only old entries + arm the timer."""
+    tmo = C[C_TMO]
+    timeout = 0
+    if work:
+        if Q[q, Q_HELD]:
+            timeout = tmo
+        Q[q, Q_DEFER] = C[C_DEFER]
+    masked = 0
+    if Q[q, Q_DEFER] > 0:
+        Q[q, Q_DEFER] -= 1
+        timeout = tmo
+        masked = 1 if tmo > 0 else 0
+    if Q[q, Q_HELD]:
+        if timeout:
+            _flush_old(S, Q, B, C, O, K, q, tnow)  # R21.5: only old entries, young ones wait for the timer
+        else:
+            _flush_all(S, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.2: short poll flushes everything
+    if timeout:
+        Q[q, Q_DL] = tnow + timeout
+        Q[q, Q_HASDL] = 1
+    else:
+        Q[q, Q_HASDL] = 0
+    Q[q, Q_MASKED] = masked
+    Q[q, Q_N] = 0
+    Q[q, Q_HASLAST] = 0
+
+
+@njit(cache=True)
+def _timers(S, Q, B, C, O, K, q, t):
+    """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
+
+    Returns the time the packet is processed: t, or the pending timer poll while IRQs are masked."""
+    while True:
+        if Q[q, Q_MASKED]:
+            dl = Q[q, Q_DL]
+            if t <= dl:
+                return dl  # R21.5: IRQs masked, the packet waits for the timer poll at dl
+            _complete_poll(S, Q, B, C, O, K, q, dl, Q[q, Q_N])
+            continue
+        if Q[q, Q_HASLAST] and t - Q[q, Q_LAST] > C[C_GAP]:
+            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap ended the poll
+            continue
+        if Q[q, Q_HASDL] and t >= Q[q, Q_DL]:
+            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_DL], 0)  # R21.5: the timer poll fired, no work
+            continue
+        return t
+
+
+@njit(cache=True)
+def _syn_mss_of(S, D, g):
+    """The connection's MSS bound from SYN options: min over both directions seen, 0 if none."""
+    a = D[S[g, G_RDID]]
+    b = D[S[g, G_DID]]
+    if a and b:
+        return min(a, b)
+    return a if a else b
+
+
+@njit(cache=True)
+def _plain_limit(S, D, C, g):
+    """R2 detection: a payload above this cannot be one wire segment of flow g."""
+    if not C[C_GSO_AUTO]:
+        return NO_LIMIT
+    m = _syn_mss_of(S, D, g)
+    if m:
+        return m
+    return C[C_FALLBACK_MTU] - (20 if S[g, G_V4] else 40) - 20
+
+
+@njit(cache=True)
+def _gso_size(S, D, C, g, tcp_hdr_len):
+    """R2/R14.6: gso_size of an aggregated input: the SYN MSS less option bytes, else the largest segment."""
+    m = _syn_mss_of(S, D, g)
+    if m:
+        return max(1, m - (tcp_hdr_len - 20))
+    if S[g, G_GMAX]:
+        return S[g, G_GMAX]
+    return max(1, _plain_limit(S, D, C, g) - (tcp_hdr_len - 20))
+
+
+@njit(cache=True)
+def _r16_reason(f):
+    """R16: why p completed right after merging a segment with flags f (else it was short)."""
+    if f & TH_FIN:
+        return R.FIN
+    if f & TH_PSH:
+        return R.PSH
+    if f & TH_URG:
+        return R.URG
+    if f & TH_RST:
+        return R.RST
+    if f & TH_SYN:
+        return R.SYN
+    return R.SHORT_SEGMENT
+
+
+@njit(cache=True)
+def _alone_reason(fm, f):
+    """R17: why a payload-carrying packet was delivered alone instead of held."""
+    if fm:
+        return R.FLUSH_MARKED
+    if f & TH_RST:
+        return R.RST
+    if f & TH_SYN:
+        return R.SYN
+    if f & ALONE_FLAGS:
+        return _r16_reason(f)
+    return R.SHORT_SEGMENT  # a GSO input with len != count * gso_size
+
+
+@njit(cache=True)
+def _mismatch(S, C, g, fm, f, fwm, ack, opt, l3w, seq, ln, gsz, ipid):
+    """Why a packet could not merge into p: the most specific failing check (order in reasons.py)."""
+    if fm:
+        return R.FLUSH_MARKED  # R15c (R2/R7/R11)
+    if f & TH_RST:
+        return R.RST  # R14.2
+    if f & TH_SYN:
+        return R.SYN  # R14.2
+    if f & TH_URG:
+        return R.URG  # R14.2
+    if f & C[C_CWR]:
+        return R.CWR  # R14.1
+    if ln == 0:
+        return R.FIN if f & TH_FIN else R.NO_PAYLOAD  # R14.6: (len - 1) >= mss for len 0
+    if seq != S[g, E_NXT]:
+        return R.SEQ_GAP  # R14.7
+    if ack != S[g, E_ACK]:
+        return R.ACK_CHANGE  # R14.3
+    d = fwm ^ S[g, E_FWM]
+    if d:
+        if d >> 28:
+            return R.OPTION_CHANGE  # R14.2: data offset differs (option length)
+        if d >> 16:
+            return R.CWR if (d >> 16) & TH_CWR else R.FLAGS  # R14.2 (CWR compared on 7.0)
+        return R.WINDOW_CHANGE  # R14.2: window field
+    if opt != S[g, E_OPT]:
+        return R.OPTION_CHANGE  # R14.4
+    if l3w != S[g, E_L3W]:
+        return R.IP_CHANGE  # R8/R11
+    if S[g, G_V4]:
+        dlt = (ipid - S[g, E_ID0]) & 0xFFFF
+        fixed = S[g, E_FIXED] != 0 or (S[g, E_COUNT] == 1 and dlt == 0 and ((l3w & 1) != 0 or not C[C_NEEDS_DF]))
+        if dlt != (0 if fixed else S[g, E_COUNT]):
+            return R.IP_ID  # R14.5
+    if gsz:
+        if gsz != S[g, E_MSS]:
+            return R.GSO_SIZE_MISMATCH  # R14.6
+    elif ln > S[g, E_MSS]:
+        return R.MSS_EXCEEDED  # R14.6
+    return R.SIZE_LIMIT  # R15a/R15b
+
+
+# ============================================================================================================
+# the loop
+# ============================================================================================================
+@njit(cache=True)
+def _run(I, gids, qrow, S, D, Q, B, C, O, K):
+    """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs)."""
+    (kind, ts, fm_a, fwm_a, l3w_a, pl_a, fl_a, seq_a, ack_a, opt_a, ipid_a, frame_a, fid_a, l2_a, hdr_a, thl_a,
+     tmss_a, ver_a, sport_a, dport_a, iplen_a, wire_a, big_a) = I
+    n = kind.shape[0]
+    tmo = C[C_TMO] > 0
+    weight = C[C_WEIGHT]
+    gap = C[C_GAP]
+    cwr = C[C_CWR]
+    needs_df = C[C_NEEDS_DF] != 0
+    maxskbs = C[C_MAXSKBS]
+    hz = C[C_HZ]
+    phase = C[C_PHASE]
+    flush_old_full = C[C_FLUSH_OLD_FULL] != 0
+    lim4 = C[C_LIM4]
+    lim6 = C[C_LIM6]
+    for i in range(n):
+        t = ts[i]
+        q = qrow[i]
+        # R21.2/R21.5 (section 7.1): a gap longer than poll_gap_us ended the previous poll
+        if tmo:
+            now = _timers(S, Q, B, C, O, K, q, t)
+        else:
+            if Q[q, Q_HASLAST] and t - Q[q, Q_LAST] > gap:
+                _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
+            now = t
+        Q[q, Q_LAST] = t
+        Q[q, Q_HASLAST] = 1
+
+        k = kind[i]
+        if k == KIND_TCP:
+            g = gids[i]
+            ln = np.int64(pl_a[i])
+            f = np.int64(fl_a[i])
+            fm = fm_a[i]
+            if ln > _plain_limit(S, D, C, g):
+                # R2: already aggregated input, a GSO skb of gso_segs segments
+                gsz = _gso_size(S, D, C, g, np.int64(thl_a[i]))
+                cnt = (ln + gsz - 1) // gsz
+            else:
+                gsz = np.int64(0)
+                cnt = np.int64(1)
+                if ln > S[g, G_GMAX]:  # noqa: PLR1730 - no store in the common case
+                    S[g, G_GMAX] = ln
+            fwm = fwm_a[i]
+            ack = np.int64(ack_a[i])
+            opt = np.int64(opt_a[i])
+            l3w = l3w_a[i]
+            seq = np.int64(seq_a[i])
+            merged = False
+            if S[g, G_HELD]:
+                # R14 (all against p's first segment) and R15a, R15c
+                ok = (not fm  # R15c: a flush-marked packet never merges
+                      and (f & cwr) == 0  # R14.1: CWR on the new segment flushes (<= 6.19)
+                      and fwm == S[g, E_FWM]  # R14.2: flag word (doff, ECE/URG/ACK/RST/SYN, window) must match
+                      and ack == S[g, E_ACK]  # R14.3: ack_seq must match
+                      and opt == S[g, E_OPT]  # R14.4: every option byte must match
+                      and l3w == S[g, E_L3W]  # R8/R11/R14.5: TTL/hop limit, TOS/TC, DF must match
+                      and seq == S[g, E_NXT]  # R14.7: contiguous (mod 2^32)
+                      and ((gsz == S[g, E_MSS]) if gsz else (0 < ln <= S[g, E_MSS]))  # R14.6: MSS / gso_size
+                      and S[g, E_PLEN] + ln < S[g, E_LIMIT])  # R15a: p->len + len >= limit refuses
+                if ok and S[g, G_V4]:
+                    # R14.5: IPv4 ID: fixed (delta 0) or incrementing (delta == count) as decided on packet 2
+                    d = (np.int64(ipid_a[i]) - S[g, E_ID0]) & 0xFFFF
+                    if S[g, E_COUNT] == 1 and d == 0 and ((l3w & 1) != 0 or not needs_df):
+                        S[g, E_FIXED] = 1
+                    ok = (d == 0) if S[g, E_FIXED] else (d == S[g, E_COUNT])
+                if ok:
+                    # R15: merge; count += gso_segs, p->len += len
+                    S[g, E_PLEN] += ln
+                    S[g, E_COUNT] += cnt
+                    S[g, E_NPK] += 1
+                    S[g, E_NXT] = (S[g, E_NXT] + ln) & M32
+                    S[g, E_FLAGS] |= f & ORED_FLAGS  # R16: PSH and FIN ORed into p's header
+                    S[g, E_F1] = np.int64(frame_a[i])
+                    S[g, E_T1] = t
+                    merged = True
+                    # R16: complete p now if the segment is short or carries URG/PSH/RST/SYN/FIN
+                    short = (ln != cnt * gsz) if gsz else (ln < S[g, E_MSS])
+                    if short or (f & ALONE_FLAGS) != 0:
+                        _complete(S, Q, B, C, O, K, g, _r16_reason(f))
+                else:
+                    # R17: no merge -> p is flushed now
+                    _complete(S, Q, B, C, O, K, g,
+                              _mismatch(S, C, g, fm, f, fwm, ack, opt, l3w, seq, ln, gsz, np.int64(ipid_a[i])))
+            if not merged:
+                # R17: deliver alone (flush-marked, no payload, URG/PSH/RST/SYN/FIN) or hold as a new p
+                if fm or (f & ALONE_FLAGS) != 0 or ((ln != cnt * gsz) if gsz else (ln == 0)):
+                    if f & TH_SYN:
+                        mss = np.int64(tmss_a[i])
+                        if mss > 0:
+                            D[S[g, G_DID]] = mss  # R2: the SYN's MSS option bounds plain segments
+                    if ln:
+                        fr = np.int64(frame_a[i])
+                        _emit(O, K[0], fid_a[i], ver_a[i], sport_a[i], dport_a[i], seq, ln, cnt, iplen_a[i],
+                              wire_a[i], big_a[i], fr, fr, t, t, _alone_reason(fm, f),
+                              SOURCE_OBSERVED if gsz else SOURCE_REBUILT, f, ack, gsz)
+                        K[0] += 1
+                else:
+                    bk = S[g, G_B]
+                    if B[q, bk, B_LEN] >= maxskbs:
+                        _complete(S, Q, B, C, O, K, B[q, bk, B_HEAD], R.BUCKET_EVICT)  # R18: bucket full, oldest
+                    v4 = S[g, G_V4] != 0
+                    h = hdr_a[i]
+                    fr = np.int64(frame_a[i])
+                    S[g, E_Q] = q
+                    S[g, E_FID] = fid_a[i]
+                    S[g, E_L2] = l2_a[i]
+                    S[g, E_HDR] = h
+                    S[g, E_SEQ0] = seq
+                    S[g, E_NXT] = (seq + ln) & M32
+                    S[g, E_ACK] = ack
+                    S[g, E_FWM] = fwm
+                    S[g, E_OPT] = opt
+                    S[g, E_L3W] = l3w
+                    S[g, E_ID0] = ipid_a[i]
+                    S[g, E_FIXED] = 0
+                    S[g, E_MSS] = gsz if gsz else ln  # R17: mss = the first segment's payload (GSO: gso_size)
+                    S[g, E_GSO] = 1 if gsz else 0
+                    S[g, E_COUNT] = cnt
+                    S[g, E_NPK] = 1
+                    S[g, E_PLEN] = h + ln  # p->len: L3 length
+                    S[g, E_LIMIT] = lim4 if v4 else lim6  # R15a: netif_get_gro_max_size by protocol
+                    S[g, E_FLAGS] = f
+                    S[g, E_AGE] = _jiffy(now, phase, hz)  # R21.4: age = jiffies when held
+                    S[g, E_F0] = fr
+                    S[g, E_F1] = fr
+                    S[g, E_T0] = t
+                    S[g, E_T1] = t
+                    # append to the bucket list (newest at the tail)
+                    tail = B[q, bk, B_TAIL]
+                    S[g, G_PREV] = tail
+                    S[g, G_NEXT] = -1
+                    if tail >= 0:
+                        S[tail, G_NEXT] = g
+                    else:
+                        B[q, bk, B_HEAD] = g
+                    B[q, bk, B_TAIL] = g
+                    B[q, bk, B_LEN] += 1
+                    S[g, G_HELD] = 1
+                    Q[q, Q_HELD] += 1
+        elif k == KIND_ALONE and pl_a[i]:
+            # R5/R9/R12/R19: GRO gives up; delivered alone, held entries untouched (may overtake them)
+            fr = np.int64(frame_a[i])
+            _emit(O, K[0], fid_a[i], ver_a[i], sport_a[i], dport_a[i], seq_a[i], pl_a[i], 1, iplen_a[i],
+                  wire_a[i], big_a[i], fr, fr, t, t, R.NOT_MERGEABLE_ALONE, SOURCE_REBUILT, fl_a[i], ack_a[i], 0)
+            K[0] += 1
+
+        # R21.3: a poll that used its whole budget (napi_weight packets of this queue)
+        c = Q[q, Q_N] + 1
+        if c >= weight:
+            c = 0
+            if Q[q, Q_HELD]:
+                if flush_old_full:
+                    _flush_old(S, Q, B, C, O, K, q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
+                else:
+                    _flush_all(S, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
+        Q[q, Q_N] = c
+
+
+@njit(cache=True)
+def _flush_end(S, Q, B, C, O, K, nq):
+    """End of input (section 3 step 7): complete every held entry, reset the poll state of every queue."""
+    for q in range(nq):
+        if Q[q, Q_HELD]:
+            _flush_all(S, Q, B, C, O, K, q, R.END_OF_CAPTURE)
+        Q[q, Q_HASLAST] = 0
+        Q[q, Q_N] = 0
+        Q[q, Q_HASDL] = 0
+        Q[q, Q_MASKED] = 0
+        Q[q, Q_DEFER] = 0
+
+
+# ============================================================================================================
+# the engine
+# ============================================================================================================
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _digest(keys: np.ndarray) -> np.ndarray:
+    """64-bit digest per key row (splitmix64-style rounds, as prepare._mix)."""
+    h = np.full(keys.shape[0], 0x9E3779B97F4A7C15, dtype=np.uint64)
+    for j in range(keys.shape[1]):
+        h = (h ^ keys[:, j]) * _M1
+        h ^= h >> np.uint64(31)
+        h *= _M2
+        h ^= h >> np.uint64(29)
+    return h
+
+
+class CompiledGroEngine:
+    """GroEngine with its per-packet loop compiled (numba); identical rows. See the module docstring."""
+
+    def __init__(self, config: GroConfig | None = None) -> None:
+        cfg = config if config is not None else GroConfig()
+        self.config = cfg
+        self._ref: GroEngine | None = None
+        if cfg.hz > MAX_HZ or abs(cfg.jiffy_phase_ns) > MAX_PHASE:
+            self._ref = GroEngine(cfg)  # int64 jiffy arithmetic could overflow: run the reference engine
+            return
+        lim6 = cfg.gro_max_size
+        if cfg.ipv6_hbh and not cfg.hbh_headroom_ok:
+            # R15b: without 8 bytes of headroom for the HBH, IPv6 (<= 6.19) cannot pass 64 KiB
+            lim6 = min(lim6, GRO_LEGACY_MAX_SIZE)
+        gap = float(cfg.poll_gap_us) * 1000.0  # the reference compares int > float; for ints, > floor(gap)
+        gap_i = BIG if (math.isinf(gap) or gap >= BIG) else math.floor(gap)
+        C = np.zeros(NCF, np.int64)
+        C[C_LIM4] = cfg.ipv4_limit
+        C[C_LIM6] = lim6
+        C[C_GAP] = gap_i
+        C[C_CWR] = TH_CWR if cfg.cwr_flushes else 0
+        C[C_GSO_AUTO] = cfg.input_is_gso is not False
+        C[C_NEEDS_DF] = cfg.fixedid_needs_df
+        C[C_MAXSKBS] = BIG if cfg.max_gro_skbs == math.inf else int(cfg.max_gro_skbs)
+        C[C_HZ] = cfg.hz
+        C[C_PHASE] = cfg.jiffy_phase_ns
+        C[C_FLUSH_OLD_FULL] = cfg.hz >= 1000
+        C[C_TMO] = cfg.gro_flush_timeout_ns
+        C[C_WEIGHT] = cfg.napi_weight
+        C[C_DEFER] = cfg.napi_defer_hard_irqs
+        C[C_FALLBACK_MTU] = cfg.fallback_mtu
+        C[C_HBH] = cfg.ipv6_hbh
+        C[C_NB] = cfg.gro_hash_buckets
+        self._C = C
+        self._nb = cfg.gro_hash_buckets
+        # per flow key (gid)
+        self._ngid = 0
+        self._S = np.zeros((0, NSF), np.int64)
+        self._keys = np.zeros((0, 9), np.uint64)
+        self._gid_of: dict[int, int] = {}  # key digest -> gid
+        self._gid_exact: dict[tuple[int, ...], int] = {}  # exact key -> gid, only for digest collisions
+        # per flow direction (SYN MSS)
+        self._did_of: dict[tuple[int, ...], int] = {}
+        self._D = np.zeros(16, np.int64)
+        # per NAPI instance
+        self._nq = 0
+        self._Q = np.zeros((0, NQF), np.int64)
+        self._B = np.zeros((0, self._nb, 3), np.int64)
+        self._ensure_queues(cfg.rx_queues)
+        self._K = np.zeros(1, np.int64)
+
+    @property
+    def compiled(self) -> bool:
+        """False when this config runs on the reference engine (see the module docstring)."""
+        return self._ref is None
+
+    # --- public API ---------------------------------------------------------------------------------------
+    def feed(self, batch: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
+        """Process the next packets (capture order); return the rows completed meanwhile, in delivery order."""
+        if self._ref is not None:
+            return self._ref.feed(batch, flow_id)
+        flow_id = np.asarray(flow_id)
+        if flow_id.shape != (len(batch),):
+            raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
+        n = len(batch)
+        if not n:
+            return SuperPacketBatch.empty(0)
+        fid = flow_id.astype(np.int64, copy=False)
+        prep = prepare(batch, fid, self.config)
+        nqc = self.config.rx_queues
+        qrow = batch.if_id.astype(np.int64) * nqc + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nqc)).astype(np.int64)
+        self._ensure_queues(int(qrow.max()) + 1)
+        gids = self._assign_gids(batch, prep)
+        O = self._out(n + self.held)
+        self._K[0] = 0
+        _run(self._inputs(batch, prep, fid), gids, qrow, self._S, self._D, self._Q, self._B, self._C, O, self._K)
+        return self._take(O)
+
+    def flush(self) -> SuperPacketBatch:
+        """End of input: complete every held entry (reason end_of_capture) and reset the poll state."""
+        if self._ref is not None:
+            return self._ref.flush()
+        O = self._out(self.held)
+        self._K[0] = 0
+        _flush_end(self._S, self._Q, self._B, self._C, O, self._K, self._nq)
+        return self._take(O)
+
+    @property
+    def held(self) -> int:
+        """Number of super-packets currently held (all queues)."""
+        if self._ref is not None:
+            return self._ref.held
+        return int(self._Q[: self._nq, Q_HELD].sum())
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _inputs(b: PacketBatch, p: Prepared, fid: np.ndarray) -> tuple:
+        return (p.kind, b.ts_ns, p.flushmark, p.flagword, p.l3word, b.tcp_payload_len, b.tcp_flags, b.tcp_seq,
+                b.tcp_ack, b.tcp_opt_hash, b.ip_id, b.frame, fid, b.l2_len, p.hdr_len, b.tcp_hdr_len, b.tcp_mss,
+                b.ip_version, b.sport, b.dport, b.ip_len, b.wirelen, b.bigtcp)
+
+    @staticmethod
+    def _out(cap: int) -> tuple:
+        return tuple(np.empty(cap, t) for t in _OUT_TYPES)
+
+    def _take(self, O: tuple) -> SuperPacketBatch:
+        k = int(self._K[0])
+        return SuperPacketBatch(*(a[:k] for a in O))
+
+    def _ensure_queues(self, nq: int) -> None:
+        if nq <= self._nq:
+            return
+        if nq > self._Q.shape[0]:
+            cap = max(nq, 2 * self._Q.shape[0], 4)
+            Q = np.zeros((cap, NQF), np.int64)
+            Q[: self._Q.shape[0]] = self._Q
+            B = np.full((cap, self._nb, 3), -1, np.int64)
+            B[:, :, B_LEN] = 0
+            B[: self._B.shape[0]] = self._B
+            self._Q, self._B = Q, B
+        self._nq = nq
+
+    def _did(self, dk: tuple[int, ...]) -> int:
+        d = self._did_of.get(dk)
+        if d is None:
+            d = len(self._did_of)
+            self._did_of[dk] = d
+            if d >= self._D.shape[0]:
+                D = np.zeros(2 * self._D.shape[0], np.int64)
+                D[: self._D.shape[0]] = self._D
+                self._D = D
+        return d
+
+    def _assign_gids(self, b: PacketBatch, prep: Prepared) -> np.ndarray:
+        """Global id per KIND_TCP row (-1 elsewhere), creating per-key state for new keys."""
+        gids = np.full(len(b), -1, dtype=np.int64)
+        if prep.key_rows.shape[0] == 0:
+            return gids
+        kf = prep.keys[prep.key_first]
+        dig = _digest(kf)
+        get = self._gid_of.get
+        ug = np.fromiter((get(x, -1) for x in dig.tolist()), np.int64, count=kf.shape[0])
+        found = ug >= 0
+        if found.any():
+            # verify the digest hits against the stored keys (a collision goes the slow way below)
+            idx = np.flatnonzero(found)
+            bad = ~(self._keys[ug[idx]] == kf[idx]).all(axis=1)
+            ug[idx[bad]] = -1
+        slow = np.flatnonzero(ug < 0)
+        if slow.shape[0]:
+            rows = prep.key_rows[prep.key_first]
+            for j in slow.tolist():
+                ug[j] = self._new_or_exact(b, prep, kf[j], int(dig[j]), int(rows[j]))
+        gids[prep.key_rows] = ug[prep.key_inverse]
+        return gids
+
+    def _new_or_exact(self, b: PacketBatch, prep: Prepared, key: np.ndarray, dig: int, row: int) -> int:
+        kt = tuple(key.tolist())
+        g = self._gid_exact.get(kt)
+        if g is not None:
+            return g
+        g0 = self._gid_of.get(dig)
+        if g0 is not None and tuple(self._keys[g0].tolist()) == kt:
+            return g0
+        g = self._ngid
+        self._ngid += 1
+        if g0 is None:
+            self._gid_of[dig] = g
+        else:
+            self._gid_exact[kt] = g  # digest collision with another key
+        if g >= self._S.shape[0]:
+            cap = max(64, 2 * self._S.shape[0])
+            S = np.zeros((cap, NSF), np.int64)
+            S[: self._S.shape[0]] = self._S
+            keys = np.zeros((cap, 9), np.uint64)
+            keys[: self._keys.shape[0]] = self._keys
+            self._S, self._keys = S, keys
+        self._keys[g] = key
+        nq, nb = self.config.rx_queues, self._nb
+        h = int(prep.flow_hash[row])
+        v4 = int(b.ip_version[row]) == 4
+        sport, dport = int(b.sport[row]), int(b.dport[row])
+        s = self._S[g]
+        s[G_Q] = int(b.if_id[row]) * nq + (h >> 32) % nq
+        s[G_B] = h % nb  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
+        s[G_V4] = v4
+        s[G_SPORT] = sport
+        s[G_DPORT] = dport
+        s[G_DID] = self._did((v4, kt[2], kt[3], kt[4], kt[5], sport, dport))
+        s[G_RDID] = self._did((v4, kt[4], kt[5], kt[2], kt[3], dport, sport))
+        s[G_GMAX] = 0
+        s[G_HELD] = 0
+        s[G_PREV] = s[G_NEXT] = -1
+        return g
