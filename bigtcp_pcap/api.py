@@ -25,8 +25,8 @@ from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES
 from .errors import CaptureError
 from .flows.table import FlowTable
+from .gro import make_engine
 from .gro.config import GroConfig
-from .gro.engine import GroEngine
 from .output import parquet as P
 from .output.audit import AUDIT_SCHEMA, FilterAudits, audit_rows
 from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
@@ -106,7 +106,7 @@ class Analysis:
 def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str | os.PathLike | None = None,
             packets: bool = False, gro: GroConfig | None = None, progress: Callable[[int, int | None], None]
             | None = None, name: str | None = None, filters: list[str] | None = None, audit: bool = True,
-            wireshark_sidecar: bool = False, **gro_params: Any) -> Analysis:
+            wireshark_sidecar: bool = False, gro_engine: str = "compiled", **gro_params: Any) -> Analysis:
     """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
 
     ``source`` is a path, ``-`` for stdin, a binary file object, or None for the bundled sample.
@@ -116,6 +116,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     ``filters``: pcap filter expressions to audit (``filter_audit.parquet``); None audits ``tcp``,
     ``ip6 and tcp`` and ``tcp port P`` for the busiest port and reports only those that mis-parse.
     ``wireshark_sidecar``: also write ``<capture>.bigtcp.tsv`` for the Lua plugin (implies ``packets``).
+    ``gro_engine``: "compiled" (numba, default) or "reference" (pure Python); identical super-packets.
     """
     packets = packets or wireshark_sidecar
     if source is None:
@@ -131,7 +132,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     reader = CaptureReader(source, name=name)
     info = reader.info
     flows = FlowTable()
-    engine = GroEngine(cfg)
+    engine = make_engine(gro_engine, cfg)
     sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA) if packets else None
     sink_findings = P.TableSink(out / "findings.parquet", P.FINDINGS_SCHEMA)
     sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
@@ -168,8 +169,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     flow_cols = flows.columns()
     _suspect_filtered_capture(flow_cols, stats, sink_findings)
     audit_results = audits.finish()
-    params = {"gro": cfg.to_metadata(), "packets": packets, "filters": [r.expr for r in audit_results],
-              "default_filters": filters is None}
+    params = {"gro": cfg.to_metadata(), "gro_engine": gro_engine, "packets": packets,
+              "filters": [r.expr for r in audit_results], "default_filters": filters is None}
     meta = {
         "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
         "source_sha256": info.sha256, "format": info.format, "compression": info.compression,

@@ -380,3 +380,18 @@ def test_held_counts_match_after_each_feed():
         assert com.held == ref.held
     assert_same(ref.flush(), com.flush(), "flush")
     assert com.held == ref.held == 0
+
+
+def test_analyze_uses_the_compiled_engine_by_default_and_records_it(tmp_path):
+    from bigtcp_pcap.api import analyze
+    from bigtcp_pcap.output.parquet import read_metadata
+
+    src = KERNEL_DIR / "mixed_185000.snd.pcap"
+    a = analyze(src, outdir=tmp_path / "c", audit=False, gro_max_size=185000)
+    b = analyze(src, outdir=tmp_path / "r", audit=False, gro_max_size=185000, gro_engine="reference")
+    assert a.params["gro_engine"] == "compiled" and b.params["gro_engine"] == "reference"
+    assert read_metadata(tmp_path / "c" / "superpackets.parquet")["params"]["gro_engine"] == "compiled"
+    assert len(a.superpackets) > 100
+    assert a.superpackets.equals(b.superpackets)
+    with pytest.raises(ValueError, match="gro_engine"):
+        analyze(src, outdir=tmp_path / "x", audit=False, gro_engine="fast")

@@ -24,7 +24,7 @@ import pytest
 
 from bigtcp_pcap.capture import read_batches
 from bigtcp_pcap.decode import PacketBatch, decode
-from bigtcp_pcap.gro import GroConfig, GroEngine, SuperPacketBatch
+from bigtcp_pcap.gro import GRO_ENGINES, GroConfig, SuperPacketBatch
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "kernel"
 PAIRS = sorted(p.name[: -len(".json")] for p in KERNEL_DIR.glob("*.json")
@@ -44,6 +44,7 @@ class PairResult:
     sim_rows: int
     exact: int
     causes: collections.Counter
+    engine: str = "reference"
 
     @property
     def share(self) -> float:
@@ -134,13 +135,13 @@ def _classify(kernel_only: list[tuple], sim_only: list[tuple]) -> collections.Co
     return causes
 
 
-def run_pair(name: str, **over) -> PairResult:
+def run_pair(name: str, engine: str = "reference", **over) -> PairResult:
     meta = json.loads((KERNEL_DIR / f"{name}.json").read_text())
     mac = bytes.fromhex(meta["interfaces"]["va"]["ip_d_j_link_show"]["address"].replace(":", ""))
     snd = _load(KERNEL_DIR / f"{name}.snd.pcap", mac)
     rcv = _load(KERNEL_DIR / f"{name}.rcv.pcap", mac)
     cfg = pair_config(meta, **over)
-    eng = GroEngine(cfg)
+    eng = GRO_ENGINES[engine](cfg)
     out = SuperPacketBatch.concat([eng.feed(snd, _flow_ids(snd)), eng.flush()])
     m = rcv.tcp_payload_len > 0
     kernel = list(zip(rcv.sport[m].tolist(), rcv.dport[m].tolist(), rcv.tcp_seq[m].tolist(),
@@ -150,12 +151,20 @@ def run_pair(name: str, **over) -> PairResult:
     ck, cs = collections.Counter(kernel), collections.Counter(sim)
     exact = sum((ck & cs).values())
     causes = _classify(list((ck - cs).elements()), list((cs - ck).elements()))
-    return PairResult(name, cfg, _drop_free(meta), len(kernel), len(sim), exact, causes)
+    return PairResult(name, cfg, _drop_free(meta), len(kernel), len(sim), exact, causes, engine)
+
+
+ENGINES = sorted(GRO_ENGINES)  # every engine (reference, compiled) must give the same figures
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, PairResult]:
-    return {name: run_pair(name) for name in PAIRS}
+def all_results() -> dict[str, dict[str, PairResult]]:
+    return {engine: {name: run_pair(name, engine) for name in PAIRS} for engine in ENGINES}
+
+
+@pytest.fixture(params=ENGINES)
+def results(request, all_results) -> dict[str, PairResult]:
+    return all_results[request.param]
 
 
 pytestmark = pytest.mark.skipif(not PAIRS, reason="no kernel capture pairs in tests/fixtures/kernel")
@@ -165,7 +174,7 @@ pytestmark = pytest.mark.skipif(not PAIRS, reason="no kernel capture pairs in te
 def test_kernel_pair_reproduced(results, name):
     r = results[name]
     c = r.config
-    print(f"\n{name}: {r.exact}/{r.kernel_rows} kernel super-packets reproduced exactly ({100 * r.share:.1f} %), "
+    print(f"\n{name} ({r.engine}): {r.exact}/{r.kernel_rows} kernel super-packets reproduced exactly ({100 * r.share:.1f} %), "
           f"engine rows {r.sim_rows}; mismatch causes {dict(r.causes)}; gro_max_size {c.gro_max_size}, "
           f"gro_ipv4_max_size {c.ipv4_limit}, hz {c.hz}, poll_gap_us {c.poll_gap_us}, napi_weight {c.napi_weight}")
     if not r.drop_free:
@@ -179,19 +188,28 @@ def test_kernel_pairs_pooled_share(results):
     exact = sum(r.exact for r in rs)
     total = sum(r.kernel_rows for r in rs)
     causes = sum((r.causes for r in rs), collections.Counter())
-    print(f"\npooled over {len(rs)} drop-free pairs: {exact}/{total} = {100 * exact / total:.1f} %; causes {dict(causes)}")
+    print(f"\n{rs[0].engine}: pooled over {len(rs)} drop-free pairs: {exact}/{total} = {100 * exact / total:.1f} %; causes {dict(causes)}")
     assert exact / total >= MIN_SHARE_POOLED
 
 
+def test_engines_give_the_same_figures(all_results):
+    ref = all_results["reference"]
+    for engine, res in all_results.items():
+        for name, r in res.items():
+            assert (r.kernel_rows, r.sim_rows, r.exact, r.causes) == \
+                (ref[name].kernel_rows, ref[name].sim_rows, ref[name].exact, ref[name].causes), (engine, name)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", [n for n in PAIRS if n in ("v6_185000", "v4_185000")])
-def test_receiver_capture_as_input_reports_observed_super_packets(name):
+def test_receiver_capture_as_input_reports_observed_super_packets(name, engine):
     """R2: fed a post-GRO capture, the BIG TCP packets come back as observed rows (flush-marked, alone),
     with n_segments from the SYN MSS option (1440/1460 less 12 option bytes)."""
     meta = json.loads((KERNEL_DIR / f"{name}.json").read_text())
     mac = bytes.fromhex(meta["interfaces"]["va"]["ip_d_j_link_show"]["address"].replace(":", ""))
     rcv_all = PacketBatch.concat([decode(rb)[0] for rb in read_batches(str(KERNEL_DIR / f"{name}.rcv.pcap"))])
     rcv = _load(KERNEL_DIR / f"{name}.rcv.pcap", mac)
-    eng = GroEngine(pair_config(meta))
+    eng = GRO_ENGINES[engine](pair_config(meta))
     out = SuperPacketBatch.concat([eng.feed(rcv_all, _flow_ids(rcv_all)), eng.flush()])
     mss = 1428 if name.startswith("v6") else 1448
     big = (rcv.bigtcp != 0) & (rcv.tcp_payload_len > 0)
