@@ -22,7 +22,7 @@ from . import __version__
 from . import findings as F
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
-from .decode.schema import BIGTCP_NAMES
+from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import CaptureError
 from .flows.table import FlowTable
 from .gro import make_engine
@@ -245,6 +245,7 @@ class _Stats:
         self.sp_reasons: Counter[str] = Counter()
         self.sp_rows = 0
         self.suspect: list[str] = []
+        self.status = np.zeros(16, np.int64)  # frames per decoder status bit (schema.ST_*)
 
     def add(self, pb: PacketBatch, fr: FindingRows) -> None:
         self.packets += len(pb)
@@ -255,6 +256,9 @@ class _Stats:
             self.max_bigtcp_len = max(self.max_bigtcp_len, int(pb.ip_len[big].max()))
         for c, k in zip(*np.unique(fr.code, return_counts=True)):
             self.findings[F.BY_ID[int(c)].code] += int(k)
+        if pb.status.any():
+            bits = (pb.status[:, None] >> np.arange(16, dtype=np.uint16)) & 1
+            self.status += bits.sum(axis=0).astype(np.int64)
 
     def add_superpackets(self, spb) -> None:
         self.sp_rows += len(spb)
@@ -280,6 +284,8 @@ class _Stats:
             "top_flows": [{k: flow_cols[k][i] for k in keys} for i in top],
             "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common())},
             "findings": dict(self.findings.most_common()),
+            "not_fully_decoded": {name: int(self.status[bit]) for bit, name in enumerate(STATUS_NAMES)
+                                  if name and self.status[bit]},
             "suspect": self.suspect,
             "gro": cfg.to_metadata(),
         }

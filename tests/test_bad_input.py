@@ -137,3 +137,17 @@ def test_malformed_headers_are_findings(tmp_path, hdr, code):
 def test_usage_error_exit_2(tmp_path):
     res = _run("analyze", SND, "-o", tmp_path / "out", "--gro-max-size", "999999")
     assert res.exit_code == 2 and "gro_max_size" in res.stderr
+
+
+def test_frames_not_decoded_to_l4_are_counted(tmp_path):
+    arp = eth(0x0806) + b"\x00" * 28
+    cut_ip = (eth(0x0800) + ipv4(20) + tcp())[:24]
+    cut_tcp = (eth(0x0800) + ipv4(20) + tcp())[:40]
+    frag = bytearray(eth(0x0800) + ipv4(8))
+    frag[14 + 6] = 0x20  # MF set
+    cap = write_pcap(tmp_path / "m.pcap", [arp, (cut_ip, 74), (cut_tcp, 74), bytes(frag) + b"\x00" * 8])
+    res = _run("analyze", cap, "-o", tmp_path / "out", "--json")
+    import json
+
+    doc = json.loads(res.stdout)
+    assert doc["not_fully_decoded"] == {"truncated_ip": 1, "truncated_l4": 1, "not_ip": 1, "ip_fragment": 1}

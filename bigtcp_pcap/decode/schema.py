@@ -42,6 +42,8 @@ ST_UNKNOWN_LINKTYPE = 16
 ST_MALFORMED = 32  # a header field is impossible (IHL < 5, doff < 5, ...)
 ST_IP_FRAGMENT = 64  # IPv4 MF/offset or an IPv6 Fragment header: no L4 beyond the first fragment
 ST_L4_UNKNOWN = 128  # the chain ended in a protocol we do not decode
+STATUS_NAMES = ("truncated_l2", "truncated_ip", "truncated_l4", "not_ip", "unknown_linktype", "malformed",
+                "ip_fragment", "l4_not_decoded")  # index = bit number
 
 
 @dataclass

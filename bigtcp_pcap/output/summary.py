@@ -64,6 +64,10 @@ def render(summary: dict, console: Console) -> None:
     if fa.get("audited") and not fa.get("results"):
         console.print(f"filters audited, none mis-parses this capture: {', '.join(fa['audited'])}",
                       highlight=False)
+    nfd = summary.get("not_fully_decoded") or {}
+    if nfd:
+        console.print("frames not decoded to L4: " + ", ".join(f"{k} {_n(v)}" for k, v in nfd.items()),
+                      highlight=False)
     for line in summary.get("suspect", []):
         console.print(f"[bold yellow]suspect capture:[/] {line}")
     if cap["partial"]:
