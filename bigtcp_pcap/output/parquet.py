@@ -69,18 +69,36 @@ def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
 
 
 class TableSink:
-    """One Parquet file written incrementally; ``close()`` adds the provenance metadata."""
+    """One Parquet file written incrementally; ``close()`` adds the provenance metadata.
+
+    Small tables are buffered and written as row groups of about ``ROW_GROUP`` rows: fewer, larger row groups
+    are faster to write and to scan, and the buffer bounds memory.
+    """
+
+    ROW_GROUP = 1 << 17
 
     def __init__(self, path: Path, schema: pa.Schema):
         self.path = Path(path)
         self.schema = schema
         self.rows = 0
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
         self._writer = pq.ParquetWriter(self.path, schema, compression="zstd")
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows:
-            self._writer.write_table(table.cast(self.schema) if table.schema != self.schema else table)
+            self._pending.append(table.cast(self.schema) if table.schema != self.schema else table)
+            self._pending_rows += table.num_rows
             self.rows += table.num_rows
+            if self._pending_rows >= self.ROW_GROUP:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._writer.write_table(pa.concat_tables(self._pending).combine_chunks(),
+                                     row_group_size=max(self._pending_rows, 1))
+            self._pending = []
+            self._pending_rows = 0
 
     def write_columns(self, cols: dict) -> None:
         arrays = []
@@ -90,6 +108,7 @@ class TableSink:
         self.write(pa.Table.from_arrays(arrays, schema=self.schema))
 
     def close(self, metadata: dict) -> None:
+        self._flush()
         self._writer.add_key_value_metadata({f"bigtcp_pcap.{k}": json.dumps(v, default=str)
                                              for k, v in metadata.items()})
         self._writer.close()

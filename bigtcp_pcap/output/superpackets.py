@@ -21,12 +21,15 @@ SOURCE_NAMES = ("rebuilt", "observed")
 def superpackets_columns(spb, flows) -> dict:
     """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table."""
     fid = np.asarray(spb.flow_id)
-    addr = {f: flows.key(f)[:2] for f in np.unique(fid).tolist() if f >= 0}
+    # addresses: one string per distinct flow, spread to the rows with a vectorized take
+    uniq, inv = np.unique(fid, return_inverse=True)
+    keys = [flows.key(f)[:2] if f >= 0 else (None, None) for f in uniq.tolist()]
+    idx = pa.array(inv.ravel().astype(np.int32))
     names = spb.reason_names
     return {
         "flow_id": fid,
-        "src": [addr.get(f, (None, None))[0] for f in fid.tolist()],
-        "dst": [addr.get(f, (None, None))[1] for f in fid.tolist()],
+        "src": pa.array([k[0] for k in keys], pa.string()).take(idx),
+        "dst": pa.array([k[1] for k in keys], pa.string()).take(idx),
         "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
         "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
         "bigtcp": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.bigtcp).astype(np.int8)),
