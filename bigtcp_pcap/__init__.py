@@ -7,7 +7,7 @@
 
 __version__ = "0.1.0"
 
-from .api import Analysis, analyze, iter_batches, sample_capture  # noqa: E402
-from .errors import CaptureError  # noqa: E402
+from .api import Analysis, analyze, iter_batches, sample_capture
+from .errors import CaptureError
 
 __all__ = ["Analysis", "CaptureError", "__version__", "analyze", "iter_batches", "sample_capture"]

@@ -217,7 +217,7 @@ def _suspect_filtered_capture(flow_cols: dict, stats: _Stats, sink) -> None:
         stats.suspect.append(code.template.format(value=gaps))
 
 
-import pyarrow as pa  # noqa: E402  (kept next to the schema it builds)
+import pyarrow as pa
 
 FLOWS_SCHEMA = pa.schema([
     ("flow_id", pa.int64()), ("ip_version", pa.uint8()), ("src", pa.string()), ("dst", pa.string()),

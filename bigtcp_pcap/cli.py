@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -30,14 +30,14 @@ def _fail(msg: str, code: int) -> typer.Exit:
 
 @app.command()
 def analyze(
-    capture: Annotated[Optional[str], typer.Argument(help="pcap/pcapng file (compressed ok), '-' for stdin; "
+    capture: Annotated[str | None, typer.Argument(help="pcap/pcapng file (compressed ok), '-' for stdin; "
                                                      "omitted: the bundled sample")] = None,
     outdir: Annotated[Path, typer.Option("-o", "--outdir", help="where the Parquet tables go")] = Path("bigtcp-out"),
     packets: Annotated[bool, typer.Option("--packets", help="also write packets.parquet")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON document")] = False,
     gro_max_size: Annotated[int, typer.Option(help="receiver gro_max_size (IPv6 limit, R15a)")] = 65536,
-    gro_ipv4_max_size: Annotated[Optional[int], typer.Option(
+    gro_ipv4_max_size: Annotated[int | None, typer.Option(
         help="receiver gro_ipv4_max_size; default follows the kernel coupling")] = None,
     napi_weight: Annotated[int, typer.Option(help="packets per NAPI poll")] = 64,
     hz: Annotated[int, typer.Option(help="kernel HZ (flush-old behaviour, R21.3)")] = 250,
@@ -49,7 +49,7 @@ def analyze(
     kernel: Annotated[str, typer.Option(help="kernel version behaviour: 6.17, 6.18, 6.19, 7.0")] = "6.18",
     gro_engine: Annotated[str, typer.Option(
         help="compiled (numba, default) or reference (pure Python, slow); identical super-packets")] = "compiled",
-    filters: Annotated[Optional[list[str]], typer.Option(
+    filters: Annotated[list[str] | None, typer.Option(
         "--filter", help="pcap filter to audit (repeatable); default: tcp, ip6 and tcp, tcp port <busiest>")] = None,
     no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the filter audit")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="also write PNG plots to OUTDIR/plots")] = False,
@@ -60,7 +60,8 @@ def analyze(
 
     Example: bigtcp-pcap analyze trace.pcap.gz -o out --gro-max-size 185000
     """
-    from .api import analyze as run, sample_capture
+    from .api import analyze as run
+    from .api import sample_capture
     from .gro import make_engine
     from .gro.config import GroConfig
     from .output.summary import progress_bar, render
@@ -107,7 +108,7 @@ def analyze(
 @app.command()
 def dissect(
     capture: Annotated[str, typer.Argument(help="pcap/pcapng file, '-' for stdin")],
-    count: Annotated[Optional[int], typer.Option("-c", "--count", help="stop after N packets")] = None,
+    count: Annotated[int | None, typer.Option("-c", "--count", help="stop after N packets")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per packet")] = False,
 ) -> None:
     """One line per packet, like tcpdump -v, with the true lengths and the BIG TCP encoding.
@@ -128,7 +129,7 @@ def dissect(
 @app.command()
 def plot(
     outdir: Annotated[Path, typer.Argument(help="an analyze output directory")],
-    dest: Annotated[Optional[Path], typer.Option("--dest", help="where the PNGs go (default OUTDIR/plots)")] = None,
+    dest: Annotated[Path | None, typer.Option("--dest", help="where the PNGs go (default OUTDIR/plots)")] = None,
 ) -> None:
     """PNG plots of an analysis: super-packet size histogram/CDF, segments per super-packet, size over time.
 

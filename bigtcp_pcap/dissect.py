@@ -7,7 +7,7 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import BinaryIO
 
 from . import findings as F
@@ -52,7 +52,7 @@ def packet_record(pb: PacketBatch, i: int) -> dict:
 
 
 def packet_line(r: dict, notes: list[str]) -> str:
-    ts = datetime.fromtimestamp(r["ts_ns"] // 1_000_000_000, timezone.utc)
+    ts = datetime.fromtimestamp(r["ts_ns"] // 1_000_000_000, UTC)
     t = f"{ts:%H:%M:%S}.{r['ts_ns'] % 1_000_000_000:09d}"
     head = f"{r['frame']:>6} {t}"
     if r["ip_version"] is None:

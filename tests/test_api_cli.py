@@ -7,13 +7,13 @@ from collections import Counter
 
 import pandas as pd
 import pytest
+from oracle import KERNEL, tshark_fields
 from typer.testing import CliRunner
 
 import bigtcp_pcap
 from bigtcp_pcap.api import analyze, sample_capture
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.output.parquet import read_metadata
-from oracle import KERNEL, tshark_fields
 
 TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
 

@@ -7,12 +7,12 @@ import struct
 
 import pyarrow.parquet as pq
 import pytest
+from craft import eth, ipv4, tcp
+from oracle import KERNEL, pcapng_epb, pcapng_idb, pcapng_shb, read_pcap_records, write_pcap
 from typer.testing import CliRunner
 
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.output.parquet import read_metadata
-from craft import eth, ipv4, tcp
-from oracle import KERNEL, pcapng_epb, pcapng_idb, pcapng_shb, read_pcap_records, write_pcap
 
 SND = KERNEL / "v4_185000.snd.pcap"
 runner = CliRunner()

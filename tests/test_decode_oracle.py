@@ -9,10 +9,10 @@ import re
 
 import numpy as np
 import pytest
+from oracle import EXTERNAL, KERNEL, tshark_fields
 
 from bigtcp_pcap.capture import CaptureReader
 from bigtcp_pcap.decode import PacketBatch, decode
-from oracle import EXTERNAL, KERNEL, tshark_fields
 
 CAPTURES = sorted(EXTERNAL.glob("*.pcap")) + sorted(KERNEL.glob("*.pcap"))
 FIELDS = ["frame.number", "frame.len", "ip.len", "ipv6.plen", "ipv6.opt.jumbo", "tcp.srcport", "tcp.dstport",

@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 import json
 
+from oracle import KERNEL, tshark_fields
 from rich.console import Console
 from typer.testing import CliRunner
 
 from bigtcp_pcap.api import analyze
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.output.summary import progress_bar
-from oracle import KERNEL, tshark_fields
 
 CAP = KERNEL / "mixed_185000.rcv.pcap"
 

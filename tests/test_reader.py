@@ -12,9 +12,6 @@ import sys
 import numpy as np
 import pytest
 import zstandard
-
-from bigtcp_pcap.capture import CaptureReader
-from bigtcp_pcap.decode import decode
 from oracle import (
     KERNEL,
     ROOT,
@@ -26,6 +23,9 @@ from oracle import (
     read_pcap_records,
     tshark_fields,
 )
+
+from bigtcp_pcap.capture import CaptureReader
+from bigtcp_pcap.decode import decode
 
 SND = KERNEL / "v6_185000.snd.pcap"
 RCV = KERNEL / "v6_185000.rcv.pcap"

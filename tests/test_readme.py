@@ -7,15 +7,15 @@ import subprocess
 import sys
 
 import pytest
+from oracle import KERNEL, ROOT
 
 from bigtcp_pcap.api import analyze
-from oracle import KERNEL, ROOT
 
 README = (ROOT / "README.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+    return re.findall(rf"```{lang}\n(.*?)```", README, re.DOTALL)
 
 
 @pytest.fixture(scope="module")

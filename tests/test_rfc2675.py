@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from craft import eth, frag, hbh, ipv6, jumbo_opt, tcp
+from oracle import write_pcap
 
 from bigtcp_pcap import findings as F
 from bigtcp_pcap.capture import CaptureReader
 from bigtcp_pcap.decode import decode
-from craft import eth, frag, hbh, ipv6, jumbo_opt, tcp
-from oracle import write_pcap
 
 PAYLOAD = 70000
 T = tcp()

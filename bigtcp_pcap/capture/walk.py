@@ -123,8 +123,7 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
             orig = rd32(data, pos + 8, be)
             incl = np.int64(orig)
             room = blen - 16
-            if incl > room:
-                incl = room
+            incl = min(incl, room)
             if if_snaplen[0] > 0 and incl > if_snaplen[0]:
                 incl = np.int64(if_snaplen[0])
             off[n] = pos + 12

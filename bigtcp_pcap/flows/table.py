@@ -94,8 +94,7 @@ def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap
                 ooo[f] += 1
             else:
                 retrans[f] += 1
-            if e > max_end[f]:
-                max_end[f] = e
+            max_end[f] = max(max_end[f], e)
         else:
             max_end[f] = e
 
@@ -122,6 +121,29 @@ def flow_digest(ver, src, dst, sport, dport, mask):
     return out
 
 
+@njit(cache=True)
+def counters_kernel(fid, plen, wirelen, bigtcp, ts, frame, flags, mss, packets, payload, wire, big, maxp,
+                    first_frame, ts_first, ts_last, mss_out):
+    """Per-flow packet/byte counters, first/last sighting and the SYN's MSS option, in one pass."""
+    for i in range(fid.shape[0]):
+        f = fid[i]
+        if f < 0:
+            continue
+        if packets[f] == 0:
+            first_frame[f] = frame[i]
+            ts_first[f] = ts[i]
+        packets[f] += 1
+        pl = np.int64(plen[i])
+        payload[f] += pl
+        wire[f] += wirelen[i]
+        if bigtcp[i] != BIGTCP_NONE:
+            big[f] += 1
+        maxp[f] = max(maxp[f], pl)
+        ts_last[f] = ts[i]
+        if (flags[i] & TH_SYN) and mss[i] > 0:
+            mss_out[f] = mss[i]
+
+
 class FlowTable:
     """Assigns ``flow_id`` to TCP packets and accumulates per-flow columns."""
 
@@ -140,7 +162,7 @@ class FlowTable:
             if old:
                 new[:old] = a
             return new
-        z = lambda name, **kw: grow(getattr(self, name, None), **kw)  # noqa: E731
+        z = lambda name, **kw: grow(getattr(self, name, None), **kw)
         self.packets = z("packets")
         self.payload_bytes = z("payload_bytes")
         self.wire_bytes = z("wire_bytes")
@@ -189,37 +211,15 @@ class FlowTable:
         return fid
 
     def update(self, pb: PacketBatch, fid: np.ndarray) -> None:
-        m = fid >= 0
-        if not m.any():
+        if not (fid >= 0).any():
             return
-        f = fid[m]
-        pl = pb.tcp_payload_len[m].astype(np.int64)
-        nflows = len(self.keys)
-        cnt = np.bincount(f, minlength=nflows)
-        seen_before = self.packets[:nflows] > 0
-        self.packets[:nflows] += cnt
-        self.payload_bytes[:nflows] += np.bincount(f, weights=pl, minlength=nflows).astype(np.int64)
-        self.wire_bytes[:nflows] += np.bincount(f, weights=pb.wirelen[m], minlength=nflows).astype(np.int64)
-        self.bigtcp_packets[:nflows] += np.bincount(f, weights=pb.bigtcp[m] != BIGTCP_NONE,
-                                                    minlength=nflows).astype(np.int64)
-        np.maximum.at(self.max_payload, f, pl)
-        ts = pb.ts_ns[m]
-        fr = pb.frame[m].astype(np.int64)
-        # first occurrence of each flow in this batch (rows are in capture order)
-        uf, first_idx = np.unique(f, return_index=True)
-        new = ~seen_before[uf]
-        self.first_frame[uf[new]] = fr[first_idx[new]]
-        self.ts_first[uf[new]] = ts[first_idx[new]]
-        last_idx = f.size - 1 - np.unique(f[::-1], return_index=True)[1]
-        self.ts_last[uf] = ts[last_idx]
-        syn = (pb.tcp_flags[m] & TH_SYN) != 0
-        if syn.any():
-            mss = pb.tcp_mss[m]
-            sel = syn & (mss > 0)
-            self.mss[f[sel]] = mss[sel]
-        data = pl > 0
+        counters_kernel(fid, pb.tcp_payload_len, pb.wirelen, pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss,
+                        self.packets, self.payload_bytes, self.wire_bytes, self.bigtcp_packets, self.max_payload,
+                        self.first_frame, self.ts_first, self.ts_last, self.mss)
+        data = (fid >= 0) & (pb.tcp_payload_len > 0)
         if data.any():
-            pairs, counts = np.unique((f[data] << 32) | pl[data], return_counts=True)
+            pairs, counts = np.unique((fid[data] << 32) | pb.tcp_payload_len[data].astype(np.int64),
+                                      return_counts=True)
             for key, c in zip(pairs.tolist(), counts.tolist()):
                 self.hist[key >> 32][key & 0xFFFFFFFF] += c
         seq_kernel(fid, pb.tcp_seq, pb.tcp_payload_len, pb.tcp_flags, fid >= 0, self.inited, self.max_end,
@@ -251,16 +251,16 @@ class FlowTable:
             src, dst, sport, dport, ver = self.key(f)
             p50, p99, _ = _percentiles(self.hist[f])
             s50, s99, smax = _percentiles(self.sp_hist[f])
-            row = dict(flow_id=f, ip_version=ver, src=src, dst=dst, sport=sport, dport=dport,
-                       first_frame=int(self.first_frame[f]), ts_first_ns=int(self.ts_first[f]),
-                       ts_last_ns=int(self.ts_last[f]), packets=int(self.packets[f]),
-                       payload_bytes=int(self.payload_bytes[f]), wire_bytes=int(self.wire_bytes[f]),
-                       bigtcp_packets=int(self.bigtcp_packets[f]), max_payload_len=int(self.max_payload[f]),
-                       mss=int(self.mss[f]) or None, p50_payload_len=p50, p99_payload_len=p99,
-                       superpackets=sum(self.sp_hist[f].values()), p50_superpacket_len=s50,
-                       p99_superpacket_len=s99, max_superpacket_len=smax,
-                       retransmissions=int(self.retrans[f]), out_of_order=int(self.ooo[f]),
-                       capture_gap_bytes=int(self.gap_total[f]))
+            row = {"flow_id": f, "ip_version": ver, "src": src, "dst": dst, "sport": sport, "dport": dport,
+                       "first_frame": int(self.first_frame[f]), "ts_first_ns": int(self.ts_first[f]),
+                       "ts_last_ns": int(self.ts_last[f]), "packets": int(self.packets[f]),
+                       "payload_bytes": int(self.payload_bytes[f]), "wire_bytes": int(self.wire_bytes[f]),
+                       "bigtcp_packets": int(self.bigtcp_packets[f]), "max_payload_len": int(self.max_payload[f]),
+                       "mss": int(self.mss[f]) or None, "p50_payload_len": p50, "p99_payload_len": p99,
+                       "superpackets": sum(self.sp_hist[f].values()), "p50_superpacket_len": s50,
+                       "p99_superpacket_len": s99, "max_superpacket_len": smax,
+                       "retransmissions": int(self.retrans[f]), "out_of_order": int(self.ooo[f]),
+                       "capture_gap_bytes": int(self.gap_total[f])}
             for k, v in row.items():
                 cols[k].append(v)
         return cols
