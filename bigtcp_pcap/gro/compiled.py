@@ -90,7 +90,7 @@ _OUT_TYPES = tuple(COLUMN_TYPES.values())
 # ============================================================================================================
 # compiled helpers
 # ============================================================================================================
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _jiffy(now, phase, hz):
     """R21.4: floor((now - phase) * hz / 1e9) without int64 overflow (hz <= MAX_HZ)."""
     x = now - phase
@@ -99,32 +99,32 @@ def _jiffy(now, phase, hz):
     return qd * hz + (r * hz) // NS
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0, f1, t0, t1, reason, source,
           flags, ack, gso):
-    """Write output row k (columns in superpacket.ROW_FIELDS order)."""
-    O[0][k] = fid
-    O[1][k] = ver
-    O[2][k] = sport
-    O[3][k] = dport
-    O[4][k] = seq0
-    O[5][k] = plen
-    O[6][k] = nseg
-    O[7][k] = l3
-    O[8][k] = frame_len
-    O[9][k] = big
-    O[10][k] = f0
-    O[11][k] = f1
-    O[12][k] = t0
-    O[13][k] = t1
-    O[14][k] = reason
-    O[15][k] = source
-    O[16][k] = flags
-    O[17][k] = ack
-    O[18][k] = gso
+    """Write output row k: O is int64 (19, capacity), one row per column in superpacket.ROW_FIELDS order."""
+    O[0, k] = fid
+    O[1, k] = ver
+    O[2, k] = sport
+    O[3, k] = dport
+    O[4, k] = seq0
+    O[5, k] = plen
+    O[6, k] = nseg
+    O[7, k] = l3
+    O[8, k] = frame_len
+    O[9, k] = big
+    O[10, k] = f0
+    O[11, k] = f1
+    O[12, k] = t0
+    O[13, k] = t1
+    O[14, k] = reason
+    O[15, k] = source
+    O[16, k] = flags
+    O[17, k] = ack
+    O[18, k] = gso
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _row(S, C, O, K, g, reason):
     """R20: what the receiver sees for a completed p (appended to the output, R23)."""
     l3 = S[g, E_PLEN]
@@ -151,7 +151,7 @@ def _row(S, C, O, K, g, reason):
     K[0] = k + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _unlink(S, B, g):
     """Take p out of its bucket list (kept oldest -> newest)."""
     q = S[g, E_Q]
@@ -169,7 +169,7 @@ def _unlink(S, B, g):
     B[q, b, B_LEN] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _complete(S, Q, B, C, O, K, g, reason):
     """Complete p (R20) and append its row (R23: delivery order = completion order)."""
     _unlink(S, B, g)
@@ -254,7 +254,7 @@ def _timers(S, Q, B, C, O, K, q, t):
         return t
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _syn_mss_of(S, D, g):
     """The connection's MSS bound from SYN options: min over both directions seen, 0 if none."""
     a = D[S[g, G_RDID]]
@@ -264,7 +264,7 @@ def _syn_mss_of(S, D, g):
     return a if a else b
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _plain_limit(S, D, C, g):
     """R2 detection: a payload above this cannot be one wire segment of flow g."""
     if not C[C_GSO_AUTO]:
@@ -656,12 +656,13 @@ class CompiledGroEngine:
                 b.ip_version, b.sport, b.dport, b.ip_len, b.wirelen, b.bigtcp)
 
     @staticmethod
-    def _out(cap: int) -> tuple:
-        return tuple(np.empty(cap, t) for t in _OUT_TYPES)
+    def _out(cap: int) -> np.ndarray:
+        # one int64 array: every extra array argument costs atomic refcounting on each compiled call
+        return np.empty((len(_OUT_TYPES), cap), np.int64)
 
-    def _take(self, O: tuple) -> SuperPacketBatch:
+    def _take(self, O: np.ndarray) -> SuperPacketBatch:
         k = int(self._K[0])
-        return SuperPacketBatch(*(a[:k] for a in O))
+        return SuperPacketBatch(*(O[j, :k].astype(t) for j, t in enumerate(_OUT_TYPES)))
 
     def _ensure_queues(self, nq: int) -> None:
         if nq <= self._nq:
