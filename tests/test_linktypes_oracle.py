@@ -285,11 +285,6 @@ def test_every_frame_matches_tshark(name):
 TUNNELED = ["vxlan.snd.pcap", "vxlan.rcv.pcap", "geneve.rcv.pcap"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "decoder: tunnel stays 0 (none) on a VXLAN/Geneve frame whose inner frame is not IP (the ARP that resolves "
-    "the overlay neighbour): kernel.py sets U8_TUNNEL only after the inner ethertype is 0x0800/0x86DD and breaks "
-    "before it otherwise; tshark shows the vxlan/geneve layer and schema.py says `tunnel` tells whether there was "
-    "a tunnel. The other columns (outer IP/UDP, as the innermost IP/L4 layers) agree with tshark."))
 @pytest.mark.parametrize("name", TUNNELED)
 def test_tunnel_column_non_ip_inner(name):
     frames = [_expect(x) for x in _tshark(name)]
@@ -301,7 +296,7 @@ def test_tunnel_column_non_ip_inner(name):
 
 @pytest.mark.parametrize("name", TUNNELED)
 def test_tunnel_non_ip_inner_frames_are_there(name):
-    """The ARP frames of the xfail above exist, carry an ARP inner frame, and the decoder stops at the outer UDP."""
+    """Tunneled ARP frames exist, carry an ARP inner frame, and the decoder stops at the outer UDP."""
     pb = _decoded(name)
     frames = _tshark(name)
     rows = [i for i, x in enumerate(frames) if _expect(x).tunnel and not _expect(x).tunnel_inner_ip]

@@ -480,9 +480,9 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     else:
                         etype = inner_etype
                         pos = inner
-                    if etype != 0x0800 and etype != 0x86DD:
-                        break
                     o8[U8_TUNNEL, i] = TUNNEL_VXLAN if dp == VXLAN_PORT else TUNNEL_GENEVE
+                    if etype != 0x0800 and etype != 0x86DD:
+                        break  # a non-IP inner frame (ARP): the outer IP/UDP stay the innermost layers decoded
                     lim = l4 + ulen
                     depth += 1
                     continue
