@@ -6,13 +6,14 @@ input is split into batches (tests/gro/test_compiled.py checks this against the 
 
 What stays in Python, per batch (vectorized, or per *new* flow key only):
 
-* ``prepare.prepare`` (shared with the reference): kinds, flush marks, packed comparison words, flow keys;
-* the flow-key -> gid table (a dict on a 64-bit digest of the key, verified against the stored key) and the
-  creation of per-gid / per-direction / per-queue state when a batch brings new keys or RX queues.
+* ``prepare.prepare`` (shared with the reference; its distinct-key step is skipped): kinds, flush marks,
+  packed comparison words, flow hash and the 9 flow-key columns;
+* the static facts of new flow keys (queue, bucket, ports, SYN-MSS direction ids via a dict), growing arrays.
 
-What is compiled (``@njit(cache=True)``, flat int64 state, no Python objects): the whole per-packet loop of
-``GroEngine._run`` and everything it calls (``_complete``, ``_flush_all``, ``_flush_old``,
-``_complete_poll``, ``_timers``, ``_mismatch``, row building, SYN MSS / R2 detection), and ``flush()``.
+What is compiled (``@njit(cache=True)``, flat int64 state, no Python objects): the flow key -> gid lookup (an
+open-addressing hash table over the exact keys), the whole per-packet loop of ``GroEngine._run`` and
+everything it calls (``_complete``, ``_flush_all``, ``_flush_old``, ``_complete_poll``, ``_timers``,
+``_mismatch``, row building, SYN MSS / R2 detection), and ``flush()``.
 
 State layout (struct of arrays, grown in Python between batches):
 
@@ -537,23 +538,91 @@ def _flush_end(S, Q, B, C, O, K, nq):
 
 
 # ============================================================================================================
-# the engine
+# flow key -> gid: an open-addressing hash table over the exact 9-word keys of prepare (R4, R6/R10, R13)
 # ============================================================================================================
+NKEY = 9
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _digest(keys: np.ndarray) -> np.ndarray:
-    """64-bit digest per key row (splitmix64-style rounds, as prepare._mix)."""
-    h = np.full(keys.shape[0], 0x9E3779B97F4A7C15, dtype=np.uint64)
-    for j in range(keys.shape[1]):
-        h = (h ^ keys[:, j]) * _M1
-        h ^= h >> np.uint64(31)
-        h *= _M2
-        h ^= h >> np.uint64(29)
-    return h
+@njit(cache=True, inline="always")
+def _mix(h, x):
+    h = (h ^ x) * _M1
+    h ^= h >> np.uint64(31)
+    h *= _M2
+    return h ^ (h >> np.uint64(29))
 
 
+@njit(cache=True)
+def _rehash(tab, khash, ngid):
+    """Re-insert gids 0..ngid-1 (table digests ``khash``) into the empty table ``tab`` (size a power of 2)."""
+    mask = np.uint64(tab.shape[0] - 1)
+    for g in range(ngid):
+        j = np.int64(khash[g] & mask)
+        while tab[j] >= 0:
+            j = (j + 1) & (tab.shape[0] - 1)
+        tab[j] = g
+
+
+@njit(cache=True)
+def _lookup_gids(kind, KC, fhash, start, gids, tab, keys, khash, ST, new_rows):
+    """gid of each KIND_TCP row from ``start`` on (-1 elsewhere); unseen keys get the next gid, their first
+    row goes to ``new_rows``. ST = [ngid, nnew]. Returns the row where it stopped: len(kind) when done, less when
+    ``keys`` or ``tab`` (kept at most half full) must grow first.
+
+    The table digest starts from prepare's flow hash (which covers addresses, protocol, ports and flow label)
+    and folds in the L2 header, VLAN/interface and extension-header words; the full key is always compared."""
+    c0, c1, c2, c3, c4, c5, c6, c7, c8 = KC
+    n = kind.shape[0]
+    size = tab.shape[0]
+    mask = np.uint64(size - 1)
+    ngid = ST[0]
+    nnew = ST[1]
+    pg = -1  # previous TCP row's gid: bursts of one flow skip the hash
+    for i in range(start, n):
+        if kind[i] != KIND_TCP:
+            gids[i] = -1
+            continue
+        k0, k1, k2, k3, k4 = c0[i], c1[i], c2[i], c3[i], c4[i]
+        k5, k6, k7, k8 = c5[i], c6[i], c7[i], c8[i]
+        if pg >= 0 and keys[pg, 6] == k6 and keys[pg, 2] == k2 and keys[pg, 3] == k3 and keys[pg, 4] == k4 \
+                and keys[pg, 5] == k5 and keys[pg, 0] == k0 and keys[pg, 1] == k1 and keys[pg, 7] == k7 \
+                and keys[pg, 8] == k8:
+            gids[i] = pg
+            continue
+        h = _mix(_mix(_mix(fhash[i], k0), k1), k8)
+        j = np.int64(h & mask)
+        while True:
+            g = tab[j]
+            if g < 0:
+                if ngid >= keys.shape[0] or 2 * (ngid + 1) > size:
+                    ST[0] = ngid
+                    ST[1] = nnew
+                    return i  # grow first
+                g = ngid
+                ngid += 1
+                keys[g, 0], keys[g, 1], keys[g, 2], keys[g, 3], keys[g, 4] = k0, k1, k2, k3, k4
+                keys[g, 5], keys[g, 6], keys[g, 7], keys[g, 8] = k5, k6, k7, k8
+                tab[j] = g
+                khash[g] = h
+                new_rows[nnew] = i
+                nnew += 1
+                break
+            if keys[g, 6] == k6 and keys[g, 2] == k2 and keys[g, 3] == k3 and keys[g, 4] == k4 \
+                    and keys[g, 5] == k5 and keys[g, 0] == k0 and keys[g, 1] == k1 and keys[g, 7] == k7 \
+                    and keys[g, 8] == k8:
+                break
+            j = (j + 1) & (size - 1)
+        gids[i] = g
+        pg = g
+    ST[0] = ngid
+    ST[1] = nnew
+    return n
+
+
+# ============================================================================================================
+# the engine
+# ============================================================================================================
 class CompiledGroEngine:
     """GroEngine with its per-packet loop compiled (numba); identical rows. See the module docstring."""
 
@@ -592,9 +661,9 @@ class CompiledGroEngine:
         # per flow key (gid)
         self._ngid = 0
         self._S = np.zeros((0, NSF), np.int64)
-        self._keys = np.zeros((0, 9), np.uint64)
-        self._gid_of: dict[int, int] = {}  # key digest -> gid
-        self._gid_exact: dict[tuple[int, ...], int] = {}  # exact key -> gid, only for digest collisions
+        self._keys = np.zeros((64, NKEY), np.uint64)  # exact flow key per gid
+        self._khash = np.zeros(64, np.uint64)  # its table digest
+        self._tab = np.full(256, -1, np.int64)  # hash table: slot -> gid, at most half full
         # per flow direction (SYN MSS)
         self._did_of: dict[tuple[int, ...], int] = {}
         self._D = np.zeros(16, np.int64)
@@ -622,7 +691,7 @@ class CompiledGroEngine:
         if not n:
             return SuperPacketBatch.empty(0)
         fid = flow_id.astype(np.int64, copy=False)
-        prep = prepare(batch, fid, self.config)
+        prep = prepare(batch, fid, self.config, dedupe=False)
         nqc = self.config.rx_queues
         qrow = batch.if_id.astype(np.int64) * nqc + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nqc)).astype(np.int64)
         self._ensure_queues(int(qrow.max()) + 1)
@@ -690,62 +759,55 @@ class CompiledGroEngine:
 
     def _assign_gids(self, b: PacketBatch, prep: Prepared) -> np.ndarray:
         """Global id per KIND_TCP row (-1 elsewhere), creating per-key state for new keys."""
-        gids = np.full(len(b), -1, dtype=np.int64)
-        if prep.key_rows.shape[0] == 0:
-            return gids
-        kf = prep.keys[prep.key_first]
-        dig = _digest(kf)
-        get = self._gid_of.get
-        ug = np.fromiter((get(x, -1) for x in dig.tolist()), np.int64, count=kf.shape[0])
-        found = ug >= 0
-        if found.any():
-            # verify the digest hits against the stored keys (a collision goes the slow way below)
-            idx = np.flatnonzero(found)
-            bad = ~(self._keys[ug[idx]] == kf[idx]).all(axis=1)
-            ug[idx[bad]] = -1
-        slow = np.flatnonzero(ug < 0)
-        if slow.shape[0]:
-            rows = prep.key_rows[prep.key_first]
-            for j in slow.tolist():
-                ug[j] = self._new_or_exact(b, prep, kf[j], int(dig[j]), int(rows[j]))
-        gids[prep.key_rows] = ug[prep.key_inverse]
+        n = len(b)
+        gids = np.empty(n, np.int64)
+        new_rows = np.empty(n, np.int64)
+        st = np.array([self._ngid, 0], np.int64)
+        g0 = self._ngid
+        i = 0
+        while True:
+            i = _lookup_gids(prep.kind, prep.key_cols, prep.flow_hash, i, gids, self._tab, self._keys, self._khash,
+                             st, new_rows)
+            if i >= n:
+                break
+            if st[0] >= self._keys.shape[0]:
+                keys = np.zeros((2 * self._keys.shape[0], NKEY), np.uint64)
+                keys[: self._keys.shape[0]] = self._keys
+                khash = np.zeros(2 * self._keys.shape[0], np.uint64)
+                khash[: self._keys.shape[0]] = self._khash
+                self._keys, self._khash = keys, khash
+            if 2 * (st[0] + 1) > self._tab.shape[0]:
+                self._tab = np.full(2 * self._tab.shape[0], -1, np.int64)
+                _rehash(self._tab, self._khash, int(st[0]))
+        self._ngid = int(st[0])
+        if self._ngid > g0:
+            self._new_gids(b, prep, g0, new_rows[: int(st[1])])
         return gids
 
-    def _new_or_exact(self, b: PacketBatch, prep: Prepared, key: np.ndarray, dig: int, row: int) -> int:
-        kt = tuple(key.tolist())
-        g = self._gid_exact.get(kt)
-        if g is not None:
-            return g
-        g0 = self._gid_of.get(dig)
-        if g0 is not None and tuple(self._keys[g0].tolist()) == kt:
-            return g0
-        g = self._ngid
-        self._ngid += 1
-        if g0 is None:
-            self._gid_of[dig] = g
-        else:
-            self._gid_exact[kt] = g  # digest collision with another key
-        if g >= self._S.shape[0]:
-            cap = max(64, 2 * self._S.shape[0])
-            S = np.zeros((cap, NSF), np.int64)
+    def _new_gids(self, b: PacketBatch, prep: Prepared, g0: int, rows: np.ndarray) -> None:
+        """Static per-gid facts of gids g0.. (first seen at ``rows``): queue, bucket, version, ports, SYN ids."""
+        if self._ngid > self._S.shape[0]:
+            S = np.zeros((max(64, self._ngid, 2 * self._S.shape[0]), NSF), np.int64)
             S[: self._S.shape[0]] = self._S
-            keys = np.zeros((cap, 9), np.uint64)
-            keys[: self._keys.shape[0]] = self._keys
-            self._S, self._keys = S, keys
-        self._keys[g] = key
+            self._S = S
         nq, nb = self.config.rx_queues, self._nb
-        h = int(prep.flow_hash[row])
-        v4 = int(b.ip_version[row]) == 4
-        sport, dport = int(b.sport[row]), int(b.dport[row])
-        s = self._S[g]
-        s[G_Q] = int(b.if_id[row]) * nq + (h >> 32) % nq
-        s[G_B] = h % nb  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
-        s[G_V4] = v4
-        s[G_SPORT] = sport
-        s[G_DPORT] = dport
-        s[G_DID] = self._did((v4, kt[2], kt[3], kt[4], kt[5], sport, dport))
-        s[G_RDID] = self._did((v4, kt[4], kt[5], kt[2], kt[3], dport, sport))
-        s[G_GMAX] = 0
-        s[G_HELD] = 0
-        s[G_PREV] = s[G_NEXT] = -1
-        return g
+        h = prep.flow_hash[rows]
+        v4 = b.ip_version[rows] == 4
+        sport = b.sport[rows].astype(np.int64)
+        dport = b.dport[rows].astype(np.int64)
+        s = self._S[g0: self._ngid]
+        s[:, G_Q] = b.if_id[rows].astype(np.int64) * nq + ((h >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
+        s[:, G_B] = (h % np.uint64(nb)).astype(np.int64)  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
+        s[:, G_V4] = v4
+        s[:, G_SPORT] = sport
+        s[:, G_DPORT] = dport
+        s[:, G_GMAX] = 0
+        s[:, G_HELD] = 0
+        s[:, G_PREV] = -1
+        s[:, G_NEXT] = -1
+        did = self._did
+        for j, (kt, v, sp, dp) in enumerate(zip(self._keys[g0: self._ngid].tolist(), v4.tolist(), sport.tolist(),
+                                                 dport.tolist(), strict=True)):
+            # SYN MSS is kept per direction (addresses and ports; not the L2 keys)
+            s[j, G_DID] = did((v, kt[2], kt[3], kt[4], kt[5], sp, dp))
+            s[j, G_RDID] = did((v, kt[4], kt[5], kt[2], kt[3], dp, sp))

@@ -52,6 +52,7 @@ class Prepared:
     key_first: np.ndarray  # int64: for each distinct flow key, its first row in ``keys``
     key_inverse: np.ndarray  # int64: for each KIND_TCP row, its distinct-key number
     keys: np.ndarray  # uint64 (n_tcp, 9): the exact flow keys of the KIND_TCP rows
+    key_cols: tuple[np.ndarray, ...] = ()  # the 9 uint64 key columns for every row (``keys`` = their KIND_TCP rows)
 
 
 def _mix(h: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -68,8 +69,11 @@ def ignored_flag_bits(cfg: GroConfig) -> int:
     return (TH_CWR | TH_FIN | TH_PSH) if cfg.cwr_flushes else (TH_FIN | TH_PSH)
 
 
-def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig) -> Prepared:
-    """Derive the engine's per-row inputs from a PacketBatch (see ``Prepared``)."""
+def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = True) -> Prepared:
+    """Derive the engine's per-row inputs from a PacketBatch (see ``Prepared``).
+
+    ``dedupe=False`` skips the distinct-key step (``key_rows``/``key_first``/``key_inverse``/``keys`` are left
+    empty) for a caller that maps ``key_cols`` to flow keys itself (the compiled engine's hash table)."""
     n = len(b)
     ver = b.ip_version
     v4 = ver == 4
@@ -113,12 +117,17 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig) -> Prepared:
 
     # R4 (l2 header, VLAN, ingress interface), R6/R10 (addresses, protocol/nexthdr, flow label, ext headers),
     # R13 (ports): the exact key a held entry must share with a new packet.
+    key_cols = (b.l2_hash, (b.vlan.astype(np.uint64) << np.uint64(32)) | b.if_id.astype(np.uint64),
+                src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], proto_ports, label, b.ext_hash)
+    if not dedupe:
+        z = np.zeros(0, np.int64)
+        return Prepared(kind, flushmark, flagword, l3word, hdr_len, flow_hash, z, z, z,
+                        np.zeros((0, len(key_cols)), np.uint64), key_cols)
     key_rows = np.flatnonzero(kind == KIND_TCP)
-    r = key_rows
-    keys = np.stack([b.l2_hash[r], (b.vlan[r].astype(np.uint64) << np.uint64(32)) | b.if_id[r].astype(np.uint64),
-                     src[r, 0], src[r, 1], dst[r, 0], dst[r, 1], proto_ports[r], label[r], b.ext_hash[r]], axis=1)
+    keys = np.stack([c[key_rows] for c in key_cols], axis=1)
     key_first, key_inverse = _distinct_rows(keys)
-    return Prepared(kind, flushmark, flagword, l3word, hdr_len, flow_hash, key_rows, key_first, key_inverse, keys)
+    return Prepared(kind, flushmark, flagword, l3word, hdr_len, flow_hash, key_rows, key_first, key_inverse, keys,
+                    key_cols)
 
 
 def _distinct_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -395,3 +395,21 @@ def test_analyze_uses_the_compiled_engine_by_default_and_records_it(tmp_path):
     assert a.superpackets.equals(b.superpackets)
     with pytest.raises(ValueError, match="gro_engine"):
         analyze(src, outdir=tmp_path / "x", audit=False, gro_engine="fast")
+
+
+def test_many_flow_keys_grow_the_key_table():
+    """Thousands of flow keys (table growth and rehash mid-batch), keys differing in one word only."""
+    from bigtcp_pcap.gro.synth import bulk_stream
+
+    pb, fid = bulk_stream(40_000, nflows=3000, interleave="packet", burst=8)
+    pb.l2_hash[::3] ^= np.uint64(1)  # same 5-tuple, other MAC header: another key (R4)
+    pb.vlan[1::5] = 7
+    pb.ext_hash[2::7] = np.uint64(99)
+    cfg = GroConfig(max_gro_skbs=math.inf, gro_hash_buckets=1, poll_gap_us=math.inf, napi_weight=1 << 20)
+    ref = run(GroEngine, cfg, pb, fid, [10_000])
+    assert len(ref) < len(pb)  # the packets of each key did merge
+    assert_same(ref, run(CompiledGroEngine, cfg, pb, fid), "many keys/whole")
+    assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, every(333, len(pb))), "many keys/333")
+    eng = CompiledGroEngine(cfg)
+    eng.feed(pb, fid)
+    assert eng._ngid > 3000
