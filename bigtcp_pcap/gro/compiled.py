@@ -57,7 +57,7 @@ from ..decode.schema import (
 from . import reasons as R
 from .config import GRO_LEGACY_MAX_SIZE, GroConfig
 from .engine import GroEngine
-from .prepare import KIND_ALONE, KIND_TCP, Prepared, prepare
+from .prepare import KIND_ALONE, KIND_TCP, Prepared, flow_hash_of, prepare
 from .superpacket import COLUMN_TYPES, SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
 
 M32 = 0xFFFFFFFF
@@ -543,6 +543,9 @@ def _flush_end(S, Q, B, C, O, K, nq):
 NKEY = 9
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_K0, _K1, _K2, _K3, _K4, _K5, _K6, _K7 = (np.uint64(c) for c in (
+    0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93, 0xFF51AFD7ED558CCD,
+    0xC4CEB9FE1A85EC53, 0x87C37B91114253D5, 0x4CF5AD432745937F))
 
 
 @njit(cache=True, inline="always")
@@ -565,13 +568,13 @@ def _rehash(tab, khash, ngid):
 
 
 @njit(cache=True)
-def _lookup_gids(kind, KC, fhash, start, gids, tab, keys, khash, ST, new_rows):
+def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
     """gid of each KIND_TCP row from ``start`` on (-1 elsewhere); unseen keys get the next gid, their first
     row goes to ``new_rows``. ST = [ngid, nnew]. Returns the row where it stopped: len(kind) when done, less when
     ``keys`` or ``tab`` (kept at most half full) must grow first.
 
-    The table digest starts from prepare's flow hash (which covers addresses, protocol, ports and flow label)
-    and folds in the L2 header, VLAN/interface and extension-header words; the full key is always compared."""
+    The table digest is a multiply-add of the 9 words (independent multiplies, one final mix); the full key is
+    always compared, so the digest only has to spread keys over the table."""
     c0, c1, c2, c3, c4, c5, c6, c7, c8 = KC
     n = kind.shape[0]
     size = tab.shape[0]
@@ -590,7 +593,7 @@ def _lookup_gids(kind, KC, fhash, start, gids, tab, keys, khash, ST, new_rows):
                 and keys[pg, 8] == k8:
             gids[i] = pg
             continue
-        h = _mix(_mix(_mix(fhash[i], k0), k1), k8)
+        h = _mix(k0 * _K0 + k1 * _K1 + k2 * _K2 + k3 * _K3 + k4 * _K4 + k5 * _K5 + k6 * _K6 + k7 * _K7 + k8, _M1)
         j = np.int64(h & mask)
         while True:
             g = tab[j]
@@ -691,9 +694,12 @@ class CompiledGroEngine:
         if not n:
             return SuperPacketBatch.empty(0)
         fid = flow_id.astype(np.int64, copy=False)
-        prep = prepare(batch, fid, self.config, dedupe=False)
         nqc = self.config.rx_queues
-        qrow = batch.if_id.astype(np.int64) * nqc + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nqc)).astype(np.int64)
+        # the per-row flow hash only picks the RX queue; with one queue, new keys are hashed in _new_gids
+        prep = prepare(batch, fid, self.config, dedupe=False, row_hash=nqc > 1)
+        qrow = batch.if_id.astype(np.int64)
+        if nqc > 1:  # RX queue per packet: per capture interface, (flow hash >> 32) % rx_queues (RSS stand-in)
+            qrow = qrow * nqc + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nqc)).astype(np.int64)
         self._ensure_queues(int(qrow.max()) + 1)
         gids = self._assign_gids(batch, prep)
         O = self._out(n + self.held)
@@ -766,8 +772,7 @@ class CompiledGroEngine:
         g0 = self._ngid
         i = 0
         while True:
-            i = _lookup_gids(prep.kind, prep.key_cols, prep.flow_hash, i, gids, self._tab, self._keys, self._khash,
-                             st, new_rows)
+            i = _lookup_gids(prep.kind, prep.key_cols, i, gids, self._tab, self._keys, self._khash, st, new_rows)
             if i >= n:
                 break
             if st[0] >= self._keys.shape[0]:
@@ -791,7 +796,7 @@ class CompiledGroEngine:
             S[: self._S.shape[0]] = self._S
             self._S = S
         nq, nb = self.config.rx_queues, self._nb
-        h = prep.flow_hash[rows]
+        h = flow_hash_of(b.ip_version[rows], tuple(c[rows] for c in prep.key_cols))
         v4 = b.ip_version[rows] == 4
         sport = b.sport[rows].astype(np.int64)
         dport = b.dport[rows].astype(np.int64)

@@ -47,7 +47,7 @@ class Prepared:
     flagword: np.ndarray  # int64: R14.2 (doff << 28 | flags << 16 | window) with the ignored bits cleared
     l3word: np.ndarray  # int64: R8/R11 (ttl << 16 | tos << 8 | df)
     hdr_len: np.ndarray  # int64: IP header (incl. ext headers) + TCP header
-    flow_hash: np.ndarray  # uint64: stand-in for skb->hash (bucket and RX queue)
+    flow_hash: np.ndarray | None  # uint64: stand-in for skb->hash (bucket and RX queue); None if not asked for
     key_rows: np.ndarray  # int64 indexes of KIND_TCP rows
     key_first: np.ndarray  # int64: for each distinct flow key, its first row in ``keys``
     key_inverse: np.ndarray  # int64: for each KIND_TCP row, its distinct-key number
@@ -69,11 +69,22 @@ def ignored_flag_bits(cfg: GroConfig) -> int:
     return (TH_CWR | TH_FIN | TH_PSH) if cfg.cwr_flushes else (TH_FIN | TH_PSH)
 
 
-def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = True) -> Prepared:
+def flow_hash_of(ver: np.ndarray, key_cols: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Flow hash (skb->hash stand-in, gro-spec section 6) of rows given by their IP version and ``key_cols``:
+    addresses, ports, protocol and the IPv6 flow label, as the kernel's software flow dissector hash does."""
+    h = np.full(ver.shape[0], 0x6A09E667F3BCC908, dtype=np.uint64)
+    for col in key_cols[2:8]:  # src (2 words), dst (2 words), version/protocol/ports, flow label
+        h = _mix(h, col)
+    return np.where((ver == 4) | (ver == 6), h, np.uint64(0))
+
+
+def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = True,
+            row_hash: bool = True) -> Prepared:
     """Derive the engine's per-row inputs from a PacketBatch (see ``Prepared``).
 
     ``dedupe=False`` skips the distinct-key step (``key_rows``/``key_first``/``key_inverse``/``keys`` are left
-    empty) for a caller that maps ``key_cols`` to flow keys itself (the compiled engine's hash table)."""
+    empty) and ``row_hash=False`` the per-row flow hash (``flow_hash`` None), for a caller that maps
+    ``key_cols`` to flow keys itself and hashes only new keys (the compiled engine, with one RX queue)."""
     n = len(b)
     ver = b.ip_version
     v4 = ver == 4
@@ -108,17 +119,11 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
     label = np.where(v6, b.flow_label, 0).astype(np.uint64)
     proto_ports = (ver.astype(np.uint64) << np.uint64(48)) | (b.l4_proto.astype(np.uint64) << np.uint64(32)) \
         | (b.sport.astype(np.uint64) << np.uint64(16)) | b.dport.astype(np.uint64)
-    # Flow hash (skb->hash stand-in, gro-spec section 6): addresses, ports, protocol and the IPv6 flow label,
-    # as the kernel's software flow dissector hash does.
-    h = np.full(n, 0x6A09E667F3BCC908, dtype=np.uint64)
-    for col in (src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], proto_ports, label):
-        h = _mix(h, col)
-    flow_hash = np.where(v4 | v6, h, np.uint64(0))
-
     # R4 (l2 header, VLAN, ingress interface), R6/R10 (addresses, protocol/nexthdr, flow label, ext headers),
     # R13 (ports): the exact key a held entry must share with a new packet.
     key_cols = (b.l2_hash, (b.vlan.astype(np.uint64) << np.uint64(32)) | b.if_id.astype(np.uint64),
                 src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], proto_ports, label, b.ext_hash)
+    flow_hash = flow_hash_of(ver, key_cols) if (row_hash or dedupe) else None
     if not dedupe:
         z = np.zeros(0, np.int64)
         return Prepared(kind, flushmark, flagword, l3word, hdr_len, flow_hash, z, z, z,
