@@ -27,11 +27,11 @@ State layout (struct of arrays, grown in Python between batches):
 * ``_Q[q, field]``: per NAPI instance the poll state (last arrival, work, held count, R21.5 timer).
 * ``_D[did]``: SYN MSS option per flow direction (address/port 4-tuple without L2 keys), 0 = none seen.
 
-Reference fallback: configurations whose arithmetic could exceed int64 in the compiled jiffy computation
-(``hz`` > 10**6 or ``|jiffy_phase_ns|`` > 2**61; the reference uses Python integers) are delegated to the
-reference ``GroEngine`` as a whole (``self.compiled`` is False then). Every other config, including
-``gro_flush_timeout_ns`` > 0 with ``napi_defer_hard_irqs``, several RX queues and ``max_gro_skbs = inf``,
-runs compiled.
+Reference fallback: configurations whose arithmetic could exceed int64 in the compiled time/jiffy computation
+(``hz`` > 10**6, or ``|jiffy_phase_ns|``, ``gro_flush_timeout_ns``, ``napi_weight``, ``napi_defer_hard_irqs``
+or ``fallback_mtu`` > 2**61; the reference uses Python integers) are delegated to the reference ``GroEngine``
+as a whole (``self.compiled`` is False then). Every other config, including ``gro_flush_timeout_ns`` > 0 with
+``napi_defer_hard_irqs``, several RX queues and ``max_gro_skbs = inf``, runs compiled.
 """
 
 from __future__ import annotations
@@ -633,8 +633,9 @@ class CompiledGroEngine:
         cfg = config if config is not None else GroConfig()
         self.config = cfg
         self._ref: GroEngine | None = None
-        if cfg.hz > MAX_HZ or abs(cfg.jiffy_phase_ns) > MAX_PHASE:
-            self._ref = GroEngine(cfg)  # int64 jiffy arithmetic could overflow: run the reference engine
+        if cfg.hz > MAX_HZ or max(abs(cfg.jiffy_phase_ns), cfg.gro_flush_timeout_ns, cfg.napi_weight,
+                                  cfg.napi_defer_hard_irqs, cfg.fallback_mtu) > MAX_PHASE:
+            self._ref = GroEngine(cfg)  # int64 time/jiffy arithmetic could overflow: run the reference engine
             return
         lim6 = cfg.gro_max_size
         if cfg.ipv6_hbh and not cfg.hbh_headroom_ok:
@@ -649,7 +650,7 @@ class CompiledGroEngine:
         C[C_CWR] = TH_CWR if cfg.cwr_flushes else 0
         C[C_GSO_AUTO] = cfg.input_is_gso is not False
         C[C_NEEDS_DF] = cfg.fixedid_needs_df
-        C[C_MAXSKBS] = BIG if cfg.max_gro_skbs == math.inf else int(cfg.max_gro_skbs)
+        C[C_MAXSKBS] = min(BIG, cfg.max_gro_skbs)  # a bucket never holds 2**62 entries: BIG == inf
         C[C_HZ] = cfg.hz
         C[C_PHASE] = cfg.jiffy_phase_ns
         C[C_FLUSH_OLD_FULL] = cfg.hz >= 1000

@@ -362,12 +362,15 @@ def test_interface_matches_reference():
     assert len(eng.flush()) == 0
 
 
-def test_overflow_prone_config_falls_back_to_the_reference():
-    cfg = GroConfig(hz=10**7, jiffy_phase_ns=5)
+@pytest.mark.parametrize("kw", [{"hz": 10**7, "jiffy_phase_ns": 5}, {"jiffy_phase_ns": -(1 << 70)},
+                                {"gro_flush_timeout_ns": 1 << 64, "napi_defer_hard_irqs": 1}])
+def test_overflow_prone_config_falls_back_to_the_reference(kw):
+    cfg = GroConfig(**kw)
     eng = CompiledGroEngine(cfg)
     assert not eng.compiled
     pb, fid = synth_stream(4, 300)
     assert_same(run(GroEngine, cfg, pb, fid), run(CompiledGroEngine, cfg, pb, fid), "fallback")
+    assert CompiledGroEngine(GroConfig(max_gro_skbs=1 << 70)).compiled
 
 
 def test_held_counts_match_after_each_feed():
