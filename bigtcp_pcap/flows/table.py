@@ -149,6 +149,7 @@ class FlowTable:
 
     def __init__(self) -> None:
         self._ids: dict[int, int] = {}  # 64-bit flow digest -> flow_id
+        self._key_text: dict[int, tuple[str, str, int, int, int]] = {}
         self.keys: list[bytes] = []
         self._cap = 0
         self._alloc(1024)
@@ -216,21 +217,31 @@ class FlowTable:
         counters_kernel(fid, pb.tcp_payload_len, pb.wirelen, pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss,
                         self.packets, self.payload_bytes, self.wire_bytes, self.bigtcp_packets, self.max_payload,
                         self.first_frame, self.ts_first, self.ts_last, self.mss)
-        data = (fid >= 0) & (pb.tcp_payload_len > 0)
-        if data.any():
-            pairs, counts = np.unique((fid[data] << 32) | pb.tcp_payload_len[data].astype(np.int64),
-                                      return_counts=True)
-            for key, c in zip(pairs.tolist(), counts.tolist()):
-                self.hist[key >> 32][key & 0xFFFFFFFF] += c
+        self._add_hist(self.hist, np.where(pb.tcp_payload_len > 0, fid, -1), pb.tcp_payload_len)
         seq_kernel(fid, pb.tcp_seq, pb.tcp_payload_len, pb.tcp_flags, fid >= 0, self.inited, self.max_end,
                    self.holes, self.nholes, self.gap_total, self.retrans, self.ooo)
 
     def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray) -> None:
-        for f, ln in zip(flow_id.tolist(), payload_len.tolist()):
-            if f >= 0:
-                self.sp_hist[f][ln] += 1
+        self._add_hist(self.sp_hist, np.asarray(flow_id, np.int64), np.asarray(payload_len))
+
+    @staticmethod
+    def _add_hist(hists: list[Counter], fid: np.ndarray, lengths: np.ndarray) -> None:
+        """Add (flow, length) counts to per-flow histograms: one sort per batch, one dict update per distinct pair."""
+        m = fid >= 0
+        if not m.any():
+            return
+        pairs, counts = np.unique((fid[m] << 32) | lengths[m].astype(np.int64), return_counts=True)
+        for key, c in zip(pairs.tolist(), counts.tolist()):
+            hists[key >> 32][key & 0xFFFFFFFF] += c
 
     def key(self, flow_id: int) -> tuple[str, str, int, int, int]:
+        """(src, dst, sport, dport, ip_version) of a flow, addresses as text (computed once per flow)."""
+        got = self._key_text.get(flow_id)
+        if got is None:
+            got = self._key_text[flow_id] = self._key(flow_id)
+        return got
+
+    def _key(self, flow_id: int) -> tuple[str, str, int, int, int]:
         kb = self.keys[flow_id]
         ver = kb[0]
         if ver == 4:
