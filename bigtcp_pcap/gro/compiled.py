@@ -677,6 +677,7 @@ class CompiledGroEngine:
         self._B = np.zeros((0, self._nb, 3), np.int64)
         self._ensure_queues(cfg.rx_queues)
         self._K = np.zeros(1, np.int64)
+        self._obuf = np.empty((len(_OUT_TYPES), 0), np.int64)
 
     @property
     def compiled(self) -> bool:
@@ -731,10 +732,14 @@ class CompiledGroEngine:
                 b.tcp_ack, b.tcp_opt_hash, b.ip_id, b.frame, fid, b.l2_len, p.hdr_len, b.tcp_hdr_len, b.tcp_mss,
                 b.ip_version, b.sport, b.dport, b.ip_len, b.wirelen, b.bigtcp)
 
-    @staticmethod
-    def _out(cap: int) -> np.ndarray:
-        # one int64 array: every extra array argument costs atomic refcounting on each compiled call
-        return np.empty((len(_OUT_TYPES), cap), np.int64)
+    def _out(self, cap: int) -> np.ndarray:
+        """Row buffer for at most ``cap`` rows (each packet gives at most one row, each held entry one more).
+
+        One int64 array (every array argument costs atomic refcounting on each compiled call), reused across
+        feeds: ``_take`` copies the rows out."""
+        if self._obuf.shape[1] < cap:
+            self._obuf = np.empty((len(_OUT_TYPES), max(cap, 2 * self._obuf.shape[1])), np.int64)
+        return self._obuf
 
     def _take(self, O: np.ndarray) -> SuperPacketBatch:
         k = int(self._K[0])
