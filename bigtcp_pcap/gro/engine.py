@@ -11,9 +11,10 @@ with the reason it was completed::
 The engine keeps only what the kernel keeps: the held super-packets (bounded by buckets x MAX_GRO_SKBS per RX
 queue) plus a small table per flow key (its hash, and the MSS used to recognise already aggregated input).
 
-Structure, for a later compiled port: all per-packet inputs are precomputed as flat columns (``prepare.py``),
+Structure, for a compiled port: all per-packet inputs are precomputed as flat columns (``prepare.py``),
 the state of a held entry is a fixed set of integer fields (``_Held``), reasons are small integers, and the
-loop in ``_run`` touches nothing else.
+loop in ``_run`` touches nothing else. That port is ``compiled.CompiledGroEngine`` (numba, identical rows,
+the default of ``api.analyze``); this engine stays the readable reference it is tested against.
 
 Modelling choices (gro-spec section 7):
 
