@@ -103,7 +103,11 @@ def _jiffy(now, phase, hz):
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0, f1, t0, t1, reason, source,
           flags, ack, gso):
-    """Write output row k: O is int64 (19, capacity), one row per column in superpacket.ROW_FIELDS order."""
+    """Write output row k: O is int64 (19, capacity), one row per column in superpacket.ROW_FIELDS order.
+
+    A row past the capacity is dropped (the caller raises): never write out of bounds."""
+    if k >= O.shape[1]:
+        return
     O[0, k] = fid
     O[1, k] = ver
     O[2, k] = sport
@@ -743,6 +747,8 @@ class CompiledGroEngine:
 
     def _take(self, O: np.ndarray) -> SuperPacketBatch:
         k = int(self._K[0])
+        if k > O.shape[1]:  # cannot happen: a feed completes at most (held + its packets) rows
+            raise RuntimeError(f"GRO row buffer overflow: {k} rows, capacity {O.shape[1]}")
         return SuperPacketBatch(*(O[j, :k].astype(t) for j, t in enumerate(_OUT_TYPES)))
 
     def _ensure_queues(self, nq: int) -> None:
