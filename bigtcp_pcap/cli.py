@@ -7,6 +7,7 @@ capture (the tables are still written, marked partial).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -122,8 +123,8 @@ def dissect(
             typer.echo(line)
     except CaptureError as e:
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
-    except BrokenPipeError:
-        sys.stderr.close()
+    except BrokenPipeError:  # `dissect ... | head`: stop quietly, do not flush into the closed pipe again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @app.command()
@@ -158,10 +159,23 @@ _register_subcommands()
 
 
 def main() -> None:
+    """Console entry point. Ends with os._exit once output is flushed and every file is closed: the interpreter's
+    teardown of numba/LLVM and pyarrow state takes ~0.5 s and does nothing a finished run needs."""
     try:
         app()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
     except KeyboardInterrupt:
-        raise SystemExit(130) from None
+        code = 130
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or an already closed stream
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
