@@ -7,7 +7,17 @@
 
 __version__ = "0.1.0"
 
-from .api import Analysis, analyze, iter_batches, sample_capture
-from .errors import CaptureError
-
 __all__ = ["Analysis", "CaptureError", "__version__", "analyze", "iter_batches", "sample_capture"]
+
+
+def __getattr__(name: str):
+    # lazy, so that the CLI can configure pyarrow's allocator before pyarrow is first imported
+    if name in ("Analysis", "analyze", "iter_batches", "sample_capture"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "CaptureError":
+        from .errors import CaptureError
+
+        return CaptureError
+    raise AttributeError(f"module 'bigtcp_pcap' has no attribute {name!r}")

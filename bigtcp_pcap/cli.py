@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+
+# The CLI process uses the system allocator for Arrow buffers (set before pyarrow is first imported): mimalloc,
+# pyarrow's default, keeps freed row groups cached and measured ~30 MiB more peak RSS on long captures.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 from pathlib import Path
 from typing import Annotated
 
@@ -160,7 +164,9 @@ _register_subcommands()
 
 def main() -> None:
     """Console entry point. Ends with os._exit once output is flushed and every file is closed: the interpreter's
-    teardown of numba/LLVM and pyarrow state takes ~0.5 s and does nothing a finished run needs."""
+    teardown of numba/LLVM and pyarrow state takes ~0.5 s and does nothing a finished run needs.
+
+    """
     try:
         app()
         code = 0

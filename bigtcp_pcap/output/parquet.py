@@ -75,7 +75,7 @@ class TableSink:
     are faster to write and to scan, and the buffer bounds memory.
     """
 
-    ROW_GROUP = 1 << 17
+    ROW_GROUP = 1 << 15
 
     def __init__(self, path: Path, schema: pa.Schema):
         self.path = Path(path)
