@@ -148,6 +148,7 @@ def main() -> int:
         cap.read_bytes()
         subprocess.run([exe, "analyze", str(FIXTURE), "-o", str(work / "warm"), "--no-progress"],
                        capture_output=True)
+        startup = run("bigtcp-pcap start-up (one-packet capture)", [exe, "analyze", str(ROOT / "tests" / "fixtures" / "kernel" / "v6_185000.rcv.pcap"), "-o", str(work / "o0"), "--no-progress", "--no-audit"], 147)
         results = [run("bigtcp-pcap analyze --no-audit",
                        [exe, "analyze", str(cap), "-o", str(work / "o1"), "--no-progress", "--no-audit"], packets)]
         if "audit" not in args.skip:
@@ -175,7 +176,13 @@ def main() -> int:
             ratio = f"{r['pps'] / base:.3f}x" if base and r["pps"] else "-"
             print(f"{r['name']:44} {r['seconds']:8.2f} {r['pps']:12,.0f} {ratio:>15} {r['rss_mib']:13.0f}"
                   + (f"  rc={r['rc']} {r['err']}" if r["err"] else ""))
+        steady = packets / max(results[0]["seconds"] - startup["seconds"], 1e-9)
         print(f"\n{packets:,} packets; ratios < 1 mean slower than `bigtcp-pcap analyze --no-audit`.")
+        print(f"bigtcp-pcap fixed start-up (imports, numba cache, exit) on a 147-packet capture: "
+              f"{startup['seconds']:.2f} s, {startup['rss_mib']:.0f} MiB peak RSS")
+        print(f"bigtcp-pcap steady state (2M-packet run minus start-up): {steady:,.0f} packets/s; "
+              + ", ".join(f"{r['name'].split(' (')[0].split(' -T')[0]} x{steady / r['pps']:.0f}"
+                          for r in results[1:] if r["pps"] and not r["name"].startswith("bigtcp")))
     finally:
         if args.keep:
             print(f"kept {work}")
