@@ -429,12 +429,23 @@ def audit_capture(expr: str, capture: str | os.PathLike, snaplen: int = DEFAULT_
     A capture damaged part-way is audited up to the fault and ``AuditResult.error`` says where; CaptureError is
     raised only when not a single frame could be read.
     """
+    audit = FilterAudit(expr, snaplen, suggest)
+    error = feed_capture(audit, capture)
+    res = audit.result()
+    res.error = error
+    return res
+
+
+def feed_capture(audit, capture: str | os.PathLike) -> str | None:
+    """Feed every decoded batch of ``capture`` to an audit (anything with ``feed(rb, pb)`` and ``frames_fed``).
+
+    Returns the one-line error when the capture is damaged part-way (the audit keeps the frames before it);
+    re-raises CaptureError when not a single frame could be read.
+    """
     from ..capture import read_batches
     from ..decode import decode
     from ..errors import CaptureError
 
-    audit = FilterAudit(expr, snaplen, suggest)
-    error = None
     try:
         for rb in read_batches(capture):
             pb, _findings = decode(rb)
@@ -442,7 +453,5 @@ def audit_capture(expr: str, capture: str | os.PathLike, snaplen: int = DEFAULT_
     except CaptureError as e:
         if not audit.frames_fed:
             raise
-        error = e.one_line()
-    res = audit.result()
-    res.error = error
-    return res
+        return e.one_line()
+    return None

@@ -59,7 +59,7 @@ import numpy as np
 
 from ..decode.schema import TUNNEL_NONE, PacketBatch
 from . import normalize as nz
-from .cbpf import R_NONE, REASON_NAMES, FilterAudit
+from .cbpf import R_NONE, REASON_NAMES, FilterAudit, feed_capture
 from .impact import FlowTally
 
 _LIB_NAMES = ("libbpf.so.1", "libbpf.so")
@@ -760,9 +760,6 @@ def audit_ebpf(obj_path: str | os.PathLike, capture, section: str | None = None)
     linktype), EbpfLoadError (libbpf or the verifier refused), CaptureError (not a single frame readable). A
     capture damaged part-way is audited up to the fault and ``error`` says where.
     """
-    from ..capture import read_batches
-    from ..decode import decode
-    from ..errors import CaptureError
 
     check_privileges()
     load_libbpf()
@@ -770,15 +767,7 @@ def audit_ebpf(obj_path: str | os.PathLike, capture, section: str | None = None)
         obj.select(section)
         info = obj.load()
         audit = EbpfAudit(TestRunner(obj.lib, obj.fd), info, os.fspath(obj_path), obj.maps, obj.pinned_maps)
-        error = None
-        try:
-            for rb in read_batches(capture):
-                pb, _findings = decode(rb)
-                audit.feed(rb, pb)
-        except CaptureError as e:
-            if not audit.frames_fed:
-                raise
-            error = e.one_line()
+        error = feed_capture(audit, capture)
         res = audit.result()
     res.error = error
     return res

@@ -56,15 +56,10 @@ from ..decode.schema import (
 )
 from . import reasons as R
 from .config import GRO_LEGACY_MAX_SIZE, GroConfig
-from .engine import GroEngine
+from .engine import ALONE_FLAGS, IPV6_MAXPLEN, M32, NO_LIMIT, ORED_FLAGS, GroEngine
 from .prepare import KIND_ALONE, KIND_TCP, Prepared, flow_hash_of, prepare
 from .superpacket import COLUMN_TYPES, SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
 
-M32 = 0xFFFFFFFF
-ALONE_FLAGS = TH_URG | TH_PSH | TH_RST | TH_SYN | TH_FIN  # R16/R17: these complete p / keep a packet out
-ORED_FLAGS = TH_PSH | TH_FIN  # R16: ORed into p's header on merge
-IPV6_MAXPLEN = 65535
-NO_LIMIT = 1 << 62
 BIG = 1 << 62  # max_gro_skbs = inf, poll_gap_us = inf
 NS = 1_000_000_000
 MAX_HZ = 10**6
