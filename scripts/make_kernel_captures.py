@@ -1016,11 +1016,169 @@ def check_prerequisites() -> None:
         sys.exit(f"make_kernel_captures: 'ip netns' unusable: {cp.stderr.strip()}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CpuPlan:
+    """CPU placement of the capture run (``--pin-cpu`` etc.); every field None = the scheduler's choice.
+
+    veth's NAPI is scheduled (napi_schedule) on the CPU that transmits on ``va``. With the two iperf3 ends on
+    different CPUs, transmits happen on both (the client's sendmsg and the ACK-clocked softirq that follows
+    the server's ACKs), so vb's poll can run on one CPU while the other keeps filling the ring: polls then
+    see a few packets each and the sender timestamps do not show the poll boundaries. Pinning both ends
+    to one CPU serializes transmit and poll (see ``--pin-cpu``).
+    """
+
+    client: int | None = None  # taskset -c for the iperf3 client (sender namespace)
+    server: int | None = None  # taskset -c for the iperf3 server (receiver namespace)
+    tcpdump: int | None = None  # taskset -c for both tcpdumps
+    threaded: int | None = None  # /sys/class/net/vb/threaded (threaded NAPI), None: kernel default
+    trace_napi: bool = False  # record every napi:napi_poll of vb (tracefs) to <name>.napi.tsv
+
+    @staticmethod
+    def prefix(cpu: int | None) -> list[str]:
+        return ["taskset", "-c", str(cpu)] if cpu is not None else []
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "iperf3_client_cpu": self.client, "iperf3_server_cpu": self.server, "tcpdump_cpu": self.tcpdump,
+            "vb_threaded": self.threaded, "trace_napi": self.trace_napi, "online_cpus": os.cpu_count(),
+            "busy_poll": _read_text("/proc/sys/net/core/busy_poll"),
+            "busy_read": _read_text("/proc/sys/net/core/busy_read"),
+        }  # fmt: skip
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_counters() -> dict[str, Any]:
+    """Per-CPU NET_RX/NET_TX softirq counts, softnet_stat (processed, time_squeeze) and ksoftirqd CPU ticks."""
+    out: dict[str, Any] = {}
+    for line in (_read_text("/proc/softirqs") or "").splitlines():
+        name, _, vals = line.partition(":")
+        if name.strip() in ("NET_RX", "NET_TX"):
+            out[name.strip()] = [int(v) for v in vals.split()]
+    proc, squeeze = [], []
+    for line in (_read_text("/proc/net/softnet_stat") or "").splitlines():
+        f = [int(x, 16) for x in line.split()]
+        proc.append(f[0])
+        squeeze.append(f[2])
+    out["softnet_processed"], out["softnet_time_squeeze"] = proc, squeeze
+    ticks: dict[str, int] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        comm = _read_text(f"/proc/{d.name}/comm") or ""
+        if comm.startswith(("ksoftirqd/", "napi/")):
+            st = (_read_text(f"/proc/{d.name}/stat") or "").rsplit(")", 1)[-1].split()
+            if len(st) > 13:
+                ticks[comm] = ticks.get(comm, 0) + int(st[11]) + int(st[12])  # utime + stime
+    out["kthread_ticks"] = ticks
+    return out
+
+
+def counter_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in b.items():
+        if isinstance(v, list):
+            old = a.get(k, [0] * len(v))
+            out[k] = [x - y for x, y in zip(v, old)]
+        elif isinstance(v, dict):
+            out[k] = {n: t - a.get(k, {}).get(n, 0) for n, t in v.items() if t - a.get(k, {}).get(n, 0)}
+    out["kthread_ticks_hz"] = os.sysconf("SC_CLK_TCK")
+    return out
+
+
+TRACEFS = Path("/sys/kernel/tracing")
+NAPI_POLL_RE = re.compile(
+    r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+): napi_poll: .*? "
+    r"work (?P<work>\d+) budget (?P<budget>\d+)"
+)
+
+
+class NapiTrace:
+    """napi:napi_poll events of the receiver's ``vb`` in a private tracefs instance (``--trace-napi``).
+
+    Each event is one veth_poll() call: CPU, the task it interrupted (or ksoftirqd / napi/vb-N), ``work``
+    packets taken from the ring. The trace clock is ``mono``; the JSON records CLOCK_REALTIME - CLOCK_MONOTONIC
+    so the poll times can be put on the pcap time axis (``<name>.napi.tsv`` has both).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.mounted = False
+        if not (TRACEFS / "events" / "napi" / "napi_poll").is_dir():
+            if not (TRACEFS / "instances").is_dir():
+                subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], check=True, timeout=10)
+                self.mounted = True
+            if not (TRACEFS / "events" / "napi" / "napi_poll").is_dir():
+                raise CaptureError("tracefs has no napi:napi_poll event")
+        self.inst = TRACEFS / "instances" / name
+        self.inst.mkdir()
+        self._w("buffer_size_kb", "16384")
+        self._w("trace_clock", "mono")
+        self._w("events/napi/napi_poll/filter", 'dev_name == "vb"')
+        self._w("events/napi/napi_poll/enable", "1")
+        self.offsets: list[int] = []
+
+    def _w(self, leaf: str, value: str) -> None:
+        (self.inst / leaf).write_text(value + "\n")
+
+    def _offset(self) -> None:
+        self.offsets.append(time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+
+    def start(self) -> None:
+        self._offset()
+        self._w("tracing_on", "1")
+
+    def stop(self, tsv: Path) -> dict[str, Any]:
+        self._w("tracing_on", "0")
+        self._offset()
+        off = sum(self.offsets) / len(self.offsets) / 1e9
+        text = (self.inst / "trace").read_text(errors="replace")
+        work_hist: Counter[int] = Counter()
+        per_cpu: Counter[int] = Counter()
+        per_ctx: Counter[str] = Counter()
+        rows = ["realtime_s\tmono_s\tcpu\tcontext\twork\tbudget"]
+        for line in text.splitlines():
+            m = NAPI_POLL_RE.match(line)
+            if not m:
+                continue
+            w, cpu, ts = int(m["work"]), int(m["cpu"]), float(m["ts"])
+            ctx = re.sub(r"[/:].*", "", m["comm"].strip())  # ksoftirqd/0 -> ksoftirqd, napi/vb-3 -> napi
+            rows.append(f"{ts + off:.9f}\t{ts:.9f}\t{cpu}\t{m['comm'].strip()}\t{w}\t{m['budget']}")
+            work_hist[w] += 1
+            per_cpu[cpu] += w
+            per_ctx[ctx] += w
+        tsv.write_text("\n".join(rows) + "\n")
+        lost = re.search(r"entries-in-buffer/entries-written: (\d+)/(\d+)", text)
+        return {
+            "file": tsv.name, "event": "napi:napi_poll", "filter": 'dev_name == "vb"', "trace_clock": "mono",
+            "realtime_minus_mono_ns": self.offsets, "polls": sum(work_hist.values()),
+            "packets": sum(per_cpu.values()), "work_histogram": dict(sorted(work_hist.items())),
+            "packets_per_cpu": dict(sorted(per_cpu.items())), "packets_per_context": dict(per_ctx.most_common()),
+            "entries_in_buffer_written": [int(lost[1]), int(lost[2])] if lost else None,
+        }  # fmt: skip
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._w("events/napi/napi_poll/enable", "0")
+        with contextlib.suppress(OSError):
+            self.inst.rmdir()
+        if self.mounted:
+            subprocess.run(["umount", str(TRACEFS)], check=False, timeout=10)
+
+
 class Experiment:
     """One scenario run: namespaces, veth, limits, captures, traffic, read-back, cleanup."""
 
-    def __init__(self, sc: Scenario, outdir: Path, nbytes: int | None, snaplen: int | None) -> None:
+    def __init__(
+        self, sc: Scenario, outdir: Path, nbytes: int | None, snaplen: int | None, cpu: CpuPlan | None = None
+    ) -> None:
         self.sc, self.outdir = sc, outdir
+        self.cpu = cpu or CpuPlan()
+        self.napi_trace: NapiTrace | None = None
         self.nbytes = nbytes or sc.nbytes or DEFAULT_BYTES
         self.snaplen = snaplen or sc.snaplen or DEFAULT_SNAPLEN
         self.dst = {6: IPV6_RCV, 4: IPV4_RCV}  # iperf3 server addresses (the overlay's for other topologies)
@@ -1122,6 +1280,11 @@ class Experiment:
             time.sleep(0.1)
         else:
             raise CaptureError(f"veth pair did not come up (operstate {states})")
+        if self.cpu.threaded is not None:  # threaded NAPI of the receiver's veth (needs GRO on, link up)
+            r.run(["sh", "-c", f"echo {self.cpu.threaded} > /sys/class/net/vb/threaded"], ns=rcv)
+            got = r.run(["cat", "/sys/class/net/vb/threaded"], ns=rcv).stdout.strip()
+            if got != str(self.cpu.threaded):
+                raise CaptureError(f"vb threaded reads back {got!r}, wanted {self.cpu.threaded}")
         self.check_limits()
         if self.sc.topology != "veth":
             self.setup_topology()
@@ -1289,7 +1452,7 @@ class Experiment:
         self, ns: str, dev: str, path: Path, dlt: str | None = None
     ) -> tuple[subprocess.Popen[bytes], Path]:
         errpath = self.tmp / f"{path.name}.tcpdump.err"
-        cmd = [
+        cmd = self.cpu.prefix(self.cpu.tcpdump) + [
             "tcpdump",
             "-i",
             dev,
@@ -1348,7 +1511,7 @@ class Experiment:
         flows = []
         for fam in self.sc.families:
             port, addr = (PORT_V6, self.dst[6]) if fam == 6 else (PORT_V4, self.dst[4])
-            srv_cmd = ["iperf3", "-s", "-1", "-B", addr, "-p", str(port)]
+            srv_cmd = self.cpu.prefix(self.cpu.server) + ["iperf3", "-s", "-1", "-B", addr, "-p", str(port)]
             srv = self.r.popen(
                 srv_cmd, self.rcv, subprocess.DEVNULL, subprocess.DEVNULL
             )
@@ -1360,7 +1523,7 @@ class Experiment:
             flows
         )  # mixed scenarios split the byte budget between flows
         for fam, port, addr, srv, srv_cmd in flows:
-            cmd = [
+            cmd = self.cpu.prefix(self.cpu.client) + [
                 "iperf3",
                 "-c",
                 addr,
@@ -1532,7 +1695,15 @@ class Experiment:
             time.sleep(0.2)
             if self.sc.topology != "veth":
                 self.check_overlay()
+            if self.cpu.trace_napi:
+                self.napi_trace = NapiTrace(f"btp-{os.getpid()}-{self.sc.name}")
+                self.napi_trace.start()
+            before = cpu_counters()
             self.traffic()
+            after = cpu_counters()
+            if self.napi_trace is not None:
+                self.info["napi_trace"] = self.napi_trace.stop(self.outdir / f"{self.sc.name}.napi.tsv")
+            self.info["cpu"] = self.cpu.record() | {"counters_during_traffic": counter_delta(before, after)}
             time.sleep(
                 1.5
             )  # > libpcap's TPACKET_V3 block timeout, so every packet reaches the file
@@ -1612,6 +1783,8 @@ class Experiment:
                     raise CaptureError(f"sender capture has packets larger than the MSS: {f}")
 
     def cleanup(self) -> None:
+        if self.napi_trace is not None:
+            self.napi_trace.close()
         for p in self.procs:
             stop_process(p, signal.SIGTERM, timeout=5)
         for ns in (self.snd, self.rcv):
@@ -1762,7 +1935,31 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"tcpdump -s (default: the scenario's, else {DEFAULT_SNAPLEN})",
     )
+    ap.add_argument(
+        "--pin-cpu",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the iperf3 client and server with taskset -c N (default: unpinned); serializes transmit and "
+        "the receiver's NAPI poll on one CPU so the sender timestamps show the poll boundaries",
+    )
+    ap.add_argument("--server-cpu", type=int, default=None, metavar="N",
+                    help="taskset -c N for the iperf3 server only (overrides --pin-cpu for the server)")
+    ap.add_argument("--tcpdump-cpu", type=int, default=None, metavar="N",
+                    help="run both tcpdumps with taskset -c N (default: unpinned)")
+    ap.add_argument("--threaded", type=int, choices=(0, 1), default=None,
+                    help="write /sys/class/net/vb/threaded (threaded NAPI) in the receiver namespace (default: leave)")
+    ap.add_argument("--trace-napi", action="store_true",
+                    help="record every NAPI poll of vb (tracefs napi:napi_poll: time, CPU, context, work) to "
+                    "<scenario>.napi.tsv, the kernel's actual poll boundaries")
     args = ap.parse_args(argv)
+    cpu = CpuPlan(
+        client=args.pin_cpu,
+        server=args.server_cpu if args.server_cpu is not None else args.pin_cpu,
+        tcpdump=args.tcpdump_cpu,
+        threaded=args.threaded,
+        trace_napi=args.trace_napi,
+    )
     names = [n for n in sorted(SCENARIOS) if SCENARIOS[n].group == "gro"] if args.all else []
     names += [n for n in sorted(SCENARIOS) if SCENARIOS[n].group == "linktype"] if args.linktypes else []
     names += [n for n in args.scenario or [] if n not in names]
@@ -1786,7 +1983,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         try:
             info = Experiment(
-                SCENARIOS[name], args.outdir, args.bytes, args.snaplen
+                SCENARIOS[name], args.outdir, args.bytes, args.snaplen, cpu
             ).run()
             print(one_line_summary(info))
         except CaptureError as e:
