@@ -35,6 +35,7 @@ def test_provenance_metadata(tmp_path):
     cap = KERNEL / "v4_185000.rcv.pcap"
     a = analyze(cap, outdir=tmp_path, packets=True, gro_max_size=185000, gro_ipv4_max_size=185000)
     n_frames = len(tshark_fields(cap, ["frame.number"]))
+    assert a.info.packets == n_frames and not a.partial
     for name in ("packets", "superpackets", "flows", "findings"):
         m = read_metadata(tmp_path / f"{name}.parquet")
         assert m["tool_version"] == bigtcp_pcap.__version__

@@ -62,7 +62,7 @@ def test_rule_yields_exactly_its_code(tmp_path, name):
 
 
 def test_valid_jumbogram_lengths(tmp_path):
-    got, pb = _findings(tmp_path, CASES["valid"][0])
+    _, pb = _findings(tmp_path, CASES["valid"][0])
     assert pb.bigtcp[0] == 1 and pb.jumbo_len[0] == 8 + J
     assert pb.ip_len[0] == 40 + 8 + J and pb.tcp_payload_len[0] == PAYLOAD
 

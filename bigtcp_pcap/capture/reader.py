@@ -102,7 +102,7 @@ class CaptureReader:
         while have < size and not self._eof:
             try:
                 got = self.src.stream.readinto(mv[have:have + step] if step else mv[have:])
-            except Exception as e:  # corrupt or truncated compressed stream (zlib, lzma, bz2, zstd errors)
+            except self.src.stream_errors as e:  # corrupt or truncated compressed stream
                 # keep what was decompressed; the walk uses it and raises this once it needs more
                 self._stream_error = (f"{self.src.compression or 'stream'} error: {e}", self._base + keep_from + have)
                 got = 0
@@ -187,7 +187,7 @@ class CaptureReader:
             raise self._err("truncated pcap file header", self._buf.shape[0])
         hdr = self._buf[:24].tobytes()
         e = ">" if be else "<"
-        _, vmaj, vmin, _, _, snaplen, lt = struct.unpack(e + "IHHiIII", hdr)
+        _, _vmaj, _vmin, _, _, snaplen, lt = struct.unpack(e + "IHHiIII", hdr)
         linktype_val = lt & 0x0FFFFFFF & 0xFFFF  # upper bits carry FCS length flags
         self.info.snaplens.add(snaplen)
         max_caplen = min(MAX_CAPLEN, snaplen) if snaplen else MAX_CAPLEN

@@ -13,6 +13,7 @@ import io
 import lzma
 import os
 import sys
+import zlib
 from typing import BinaryIO
 
 from ..errors import CaptureError
@@ -81,6 +82,9 @@ class Source:
         self.raw = HashingReader(raw, head)
         self.compression = next((kind for magic, kind in COMPRESSION_MAGICS if head.startswith(magic)), None)
         buffered = io.BufferedReader(self.raw, buffer_size=1 << 20)
+        # what a damaged compressed stream raises while it is read (turned into a CaptureError by the reader)
+        self.stream_errors: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, zlib.error,
+                                                                lzma.LZMAError)
         if self.compression == "gzip":
             self.stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb")
         elif self.compression == "bzip2":
@@ -92,7 +96,8 @@ class Source:
                 import zstandard
             except ImportError:
                 raise CaptureError(self.name, "zstd-compressed; install the 'zstandard' package") from None
-            self.stream = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
+            self.stream = ZstdReader(buffered, zstandard)
+            self.stream_errors += (zstandard.ZstdError,)
         else:
             self.stream = buffered
 
@@ -116,6 +121,44 @@ class Source:
     def close(self) -> None:
         if self._close is not None:
             self._close.close()
+
+
+class ZstdReader(io.RawIOBase):
+    """zstd frames one after another, raising EOFError when the input ends inside a frame.
+
+    (zstandard's stream_reader reports a frame cut short as a clean end of data, which would make a truncated
+    capture look complete.)
+    """
+
+    def __init__(self, raw: BinaryIO, zstandard):
+        self._raw = raw
+        self._zstd = zstandard
+        self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._out = b""
+        self._in_frame = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self._out:
+            chunk = self._raw.read(1 << 17)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd stream ends inside a frame (truncated file)")
+                return 0
+            while chunk:
+                self._in_frame = True
+                self._out += self._dobj.decompress(chunk)
+                chunk = b""
+                if self._dobj.eof:  # frame complete; the rest of the chunk starts the next frame
+                    chunk = self._dobj.unused_data
+                    self._dobj = self._zstd.ZstdDecompressor().decompressobj()
+                    self._in_frame = False
+        n = min(len(b), len(self._out))
+        memoryview(b).cast("B")[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
 
 
 def _read_exactly(raw: BinaryIO, n: int) -> bytes:
