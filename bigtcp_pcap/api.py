@@ -178,7 +178,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         "first_ts_ns": info.first_ts_ns, "params": params, "partial": error is not None,
         "error": error.one_line() if error else None,
     }
-    sink_flows = P.TableSink(out / "flows.parquet", FLOWS_SCHEMA)
+    sink_flows = P.TableSink(out / "flows.parquet", P.FLOWS_SCHEMA)
     sink_flows.write_columns(flow_cols)
     sink_audit = None
     if audit_results:
@@ -215,20 +215,6 @@ def _suspect_filtered_capture(flow_cols: dict, stats: _Stats, sink) -> None:
                             "message": [code.template.format(value=gaps)]})
         stats.findings[code.code] += 1
         stats.suspect.append(code.template.format(value=gaps))
-
-
-import pyarrow as pa
-
-FLOWS_SCHEMA = pa.schema([
-    ("flow_id", pa.int64()), ("ip_version", pa.uint8()), ("src", pa.string()), ("dst", pa.string()),
-    ("sport", pa.uint16()), ("dport", pa.uint16()), ("first_frame", pa.uint64()),
-    ("ts_first_ns", P.TS_TYPE), ("ts_last_ns", P.TS_TYPE), ("packets", pa.uint64()),
-    ("payload_bytes", pa.uint64()), ("wire_bytes", pa.uint64()), ("bigtcp_packets", pa.uint64()),
-    ("max_payload_len", pa.uint32()), ("mss", pa.uint16()), ("p50_payload_len", pa.uint32()),
-    ("p99_payload_len", pa.uint32()), ("superpackets", pa.uint64()), ("p50_superpacket_len", pa.uint32()),
-    ("p99_superpacket_len", pa.uint32()), ("max_superpacket_len", pa.uint32()),
-    ("retransmissions", pa.uint64()), ("out_of_order", pa.uint64()), ("capture_gap_bytes", pa.uint64()),
-])
 
 
 class _Stats:

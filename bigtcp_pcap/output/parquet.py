@@ -30,6 +30,17 @@ PACKETS_SCHEMA = pa.schema([
     ("tcp_mss", pa.uint16()), ("tcp_ts_val", pa.uint32()), ("udp_len", pa.uint32()), ("status", pa.uint16()),
 ])
 
+FLOWS_SCHEMA = pa.schema([
+    ("flow_id", pa.int64()), ("ip_version", pa.uint8()), ("src", pa.string()), ("dst", pa.string()),
+    ("sport", pa.uint16()), ("dport", pa.uint16()), ("first_frame", pa.uint64()),
+    ("ts_first_ns", TS_TYPE), ("ts_last_ns", TS_TYPE), ("packets", pa.uint64()),
+    ("payload_bytes", pa.uint64()), ("wire_bytes", pa.uint64()), ("bigtcp_packets", pa.uint64()),
+    ("max_payload_len", pa.uint32()), ("mss", pa.uint16()), ("p50_payload_len", pa.uint32()),
+    ("p99_payload_len", pa.uint32()), ("superpackets", pa.uint64()), ("p50_superpacket_len", pa.uint32()),
+    ("p99_superpacket_len", pa.uint32()), ("max_superpacket_len", pa.uint32()),
+    ("retransmissions", pa.uint64()), ("out_of_order", pa.uint64()), ("capture_gap_bytes", pa.uint64()),
+])
+
 FINDINGS_SCHEMA = pa.schema([("frame", pa.uint64()), ("code", pa.string()), ("severity", pa.string()),
                              ("message", pa.string())])
 
