@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SAMPLE_NAME = "sample-bigtcp.pcap"
+TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
 
 
 def sample_capture() -> Path:
@@ -129,6 +130,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     else:
         out = Path(outdir)
         out.mkdir(parents=True, exist_ok=True)
+        for table in TABLES:  # a table this run does not write must not survive from an earlier run
+            (out / f"{table}.parquet").unlink(missing_ok=True)
     reader = CaptureReader(source, name=name)
     info = reader.info
     flows = FlowTable()

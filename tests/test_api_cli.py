@@ -134,3 +134,11 @@ def test_default_audit_finds_the_same_mistakes_as_the_full_audit(capture):
         assert default[expr]["suggestion"] == full.suggestion
         got = a.filter_audit
         assert set(got[got["filter"] == expr].frame) == set(full.frame[full.verdict != 0].tolist())
+
+
+def test_tables_of_an_earlier_run_do_not_survive(tmp_path):
+    analyze(KERNEL / "v6_185000.rcv.pcap", outdir=tmp_path, packets=True, filters=["tcp"])
+    assert (tmp_path / "packets.parquet").exists() and (tmp_path / "filter_audit.parquet").exists()
+    a = analyze(KERNEL / "v6_65536.rcv.pcap", outdir=tmp_path, audit=False)
+    assert not (tmp_path / "packets.parquet").exists() and not (tmp_path / "filter_audit.parquet").exists()
+    assert a.packets is None and a.filter_audit is None
