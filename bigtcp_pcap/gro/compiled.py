@@ -1,8 +1,9 @@
 """CompiledGroEngine: the reference GroEngine's per-packet loop compiled with numba, identical output.
 
-Same public interface as ``engine.GroEngine`` (``feed(PacketBatch, flow_id)``, ``flush()``, ``held``,
-``config``) and the same rows, column by column and in the same order, for every config and every way the
-input is split into batches (tests/gro/test_compiled.py checks this against the reference engine).
+Same public interface as ``engine.GroEngine`` (``feed(PacketBatch, flow_id, poll_start=None)``, ``flush()``,
+``held``, ``config``) and the same rows, column by column and in the same order, for every config, every way
+the input is split into batches and any poll-start marks (tests/gro/test_compiled.py checks this against the
+reference engine).
 
 What stays in Python, per batch (vectorized, or per *new* flow key only):
 
@@ -56,7 +57,7 @@ from ..decode.schema import (
 )
 from . import reasons as R
 from .config import GRO_LEGACY_MAX_SIZE, GroConfig
-from .engine import ALONE_FLAGS, IPV6_MAXPLEN, M32, NO_LIMIT, ORED_FLAGS, GroEngine
+from .engine import ALONE_FLAGS, IPV6_MAXPLEN, M32, NO_LIMIT, ORED_FLAGS, GroEngine, _poll_marks
 from .prepare import KIND_ALONE, KIND_TCP, Prepared, flow_hash_of, prepare
 from .superpacket import COLUMN_TYPES, SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
 
@@ -81,6 +82,7 @@ B_HEAD, B_TAIL, B_LEN = range(3)
 NCF = 16
 
 _OUT_TYPES = tuple(COLUMN_TYPES.values())
+_NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts polls
 
 
 # ============================================================================================================
@@ -234,9 +236,10 @@ def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
 
 
 @njit(cache=True)
-def _timers(S, Q, B, C, O, K, q, t):
+def _timers(S, Q, B, C, O, K, q, t, marks, mark):
     """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
 
+    ``marks``: poll starts are given (``mark``: this packet starts a poll) instead of the gap rule.
     Returns the time the packet is processed: t, or the pending timer poll while IRQs are masked."""
     while True:
         if Q[q, Q_MASKED]:
@@ -245,8 +248,8 @@ def _timers(S, Q, B, C, O, K, q, t):
                 return dl  # R21.5: IRQs masked, the packet waits for the timer poll at dl
             _complete_poll(S, Q, B, C, O, K, q, dl, Q[q, Q_N])
             continue
-        if Q[q, Q_HASLAST] and t - Q[q, Q_LAST] > C[C_GAP]:
-            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap ended the poll
+        if Q[q, Q_HASLAST] and (mark if marks else t - Q[q, Q_LAST] > C[C_GAP]):
+            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
             continue
         if Q[q, Q_HASDL] and t >= Q[q, Q_DL]:
             _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_DL], 0)  # R21.5: the timer poll fired, no work
@@ -363,8 +366,10 @@ def _mismatch(S, C, g, fm, f, fwm, ack, opt, l3w, seq, ln, gsz, ipid):
 # the loop
 # ============================================================================================================
 @njit(cache=True)
-def _run(I, gids, qrow, S, D, Q, B, C, O, K):
-    """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs)."""
+def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
+    """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs).
+
+    ps: uint8 poll-start mark per packet, or empty (no marks: the gap rule cuts polls)."""
     (kind, ts, fm_a, fwm_a, l3w_a, pl_a, fl_a, seq_a, ack_a, opt_a, ipid_a, frame_a, fid_a, l2_a, hdr_a, thl_a,
      tmss_a, ver_a, sport_a, dport_a, iplen_a, wire_a, big_a) = I
     n = kind.shape[0]
@@ -379,14 +384,17 @@ def _run(I, gids, qrow, S, D, Q, B, C, O, K):
     flush_old_full = C[C_FLUSH_OLD_FULL] != 0
     lim4 = C[C_LIM4]
     lim6 = C[C_LIM6]
+    marks = ps.shape[0] > 0
     for i in range(n):
         t = ts[i]
         q = qrow[i]
-        # R21.2/R21.5 (section 7.1): a gap longer than poll_gap_us ended the previous poll
+        mark = marks and ps[i] != 0
+        # R21.2/R21.5 (section 7.1): a gap longer than poll_gap_us (or, given marks, a marked packet) ended
+        # the previous poll
         if tmo:
-            now = _timers(S, Q, B, C, O, K, q, t)
+            now = _timers(S, Q, B, C, O, K, q, t, marks, mark)
         else:
-            if Q[q, Q_HASLAST] and t - Q[q, Q_LAST] > gap:
+            if Q[q, Q_HASLAST] and (mark if marks else t - Q[q, Q_LAST] > gap):
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         Q[q, Q_LAST] = t
@@ -684,13 +692,17 @@ class CompiledGroEngine:
         return self._ref is None
 
     # --- public API ---------------------------------------------------------------------------------------
-    def feed(self, batch: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
-        """Process the next packets (capture order); return the rows completed meanwhile, in delivery order."""
+    def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None) -> SuperPacketBatch:
+        """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
+
+        ``poll_start``: optional known NAPI poll starts, one bool per packet (see ``GroEngine.feed``)."""
         if self._ref is not None:
-            return self._ref.feed(batch, flow_id)
+            return self._ref.feed(batch, flow_id, poll_start)
         flow_id = np.asarray(flow_id)
         if flow_id.shape != (len(batch),):
             raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
+        marks = _poll_marks(poll_start, len(batch))
+        ps = _NO_MARKS if marks is None else marks
         n = len(batch)
         if not n:
             return SuperPacketBatch.empty(0)
@@ -705,7 +717,7 @@ class CompiledGroEngine:
         gids = self._assign_gids(batch, prep)
         O = self._out(n + self.held)
         self._K[0] = 0
-        _run(self._inputs(batch, prep, fid), gids, qrow, self._S, self._D, self._Q, self._B, self._C, O, self._K)
+        _run(self._inputs(batch, prep, fid), gids, qrow, ps, self._S, self._D, self._Q, self._B, self._C, O, self._K)
         return self._take(O)
 
     def flush(self) -> SuperPacketBatch:

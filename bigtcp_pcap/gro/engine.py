@@ -25,6 +25,9 @@ Modelling choices (gro-spec section 7):
   With ``gro_flush_timeout_ns`` > 0 a poll that ends with entries held flushes only old entries and a timer
   poll follows after the timeout; ``napi_defer_hard_irqs`` keeps IRQs masked so that packets arriving before
   the timer are processed by the timer poll (R21.5).
+  Known poll boundaries (``feed(..., poll_start=marks)``, e.g. from the kernel's napi:napi_poll tracepoint)
+  replace the gap rule for that batch: a marked packet ends the running poll exactly as a gap would (the
+  same napi_complete_done, R21.2) and restarts the budget count; the budget chunks and R21.5 timers stay.
 * A data segment held and later completed alone (count = 1) is emitted as a row with n_segments = 1, and so
   is a payload-carrying packet delivered alone (lone PSH segment, flush-marked or R5/R9/R12 give-up): the
   receiver's stack and tcpdump see both as packets. Packets without payload never become rows.
@@ -147,15 +150,21 @@ class GroEngine:
         self._out: list[tuple] = []
 
     # --- public API ---------------------------------------------------------------------------------------
-    def feed(self, batch: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
-        """Process the next packets (capture order); return the rows completed meanwhile, in delivery order."""
+    def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None) -> SuperPacketBatch:
+        """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
+
+        ``poll_start`` (optional, one bool per packet): known NAPI poll boundaries, e.g. from the kernel's
+        napi:napi_poll tracepoint (``polls.poll_starts_from_trace``). A marked packet begins a new poll of its
+        queue: the running poll ends first (R21.2, the same napi_complete_done the gap rule applies) and the
+        napi_weight budget count restarts. The gap rule is not applied to a batch given with marks."""
         flow_id = np.asarray(flow_id)
         if flow_id.shape != (len(batch),):
             raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
+        marks = _poll_marks(poll_start, len(batch))
         if len(batch):
             prep = prepare(batch, flow_id, self.config)
             gids = self._assign_gids(batch, prep)
-            self._run(batch, flow_id, prep, gids)
+            self._run(batch, flow_id, prep, gids, marks)
         return self._take()
 
     def flush(self) -> SuperPacketBatch:
@@ -266,7 +275,8 @@ class GroEngine:
         return max(1, self._glim[g] - (tcp_hdr_len - 20))
 
     # --- the loop -----------------------------------------------------------------------------------------
-    def _run(self, b: PacketBatch, flow_id: np.ndarray, p: Prepared, gids: list[int]) -> None:
+    def _run(self, b: PacketBatch, flow_id: np.ndarray, p: Prepared, gids: list[int],
+             marks: np.ndarray | None = None) -> None:
         cfg = self.config
         n = len(b)
         kind = p.kind.tolist()
@@ -289,6 +299,7 @@ class GroEngine:
         fids = flow_id.tolist()
         l2len = b.l2_len.tolist()
         hdrlen = p.hdr_len.tolist()
+        ps = marks.tolist() if marks is not None else None
 
         tmo = cfg.gro_flush_timeout_ns > 0
         weight = cfg.napi_weight
@@ -316,12 +327,13 @@ class GroEngine:
         for i in range(n):
             t = ts[i]
             q = qrow[i] if multiq else 0
-            # R21.2/R21.5 (section 7.1): a gap longer than poll_gap_us ended the previous poll
+            # R21.2/R21.5 (section 7.1): a gap longer than poll_gap_us (or, given marks, a marked packet) ended
+            # the previous poll
             if tmo:
-                now = self._timers(q, t)
+                now = self._timers(q, t, None if ps is None else ps[i])
             else:
                 last = qlast[q]
-                if last is not None and t - last > gap:
+                if last is not None and (t - last > gap if ps is None else ps[i]):
                     self._complete_poll(q, last, qn[q])
                 now = t
             qlast[q] = t
@@ -482,9 +494,10 @@ class GroEngine:
         self._qn[q] = 0
         self._qlast[q] = None
 
-    def _timers(self, q: int, t: int) -> int:
+    def _timers(self, q: int, t: int, mark: bool | None = None) -> int:
         """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
 
+        ``mark``: None = the gap rule ends a running poll; else whether the packet is marked as a poll start.
         Returns the time the packet is processed: t, or the pending timer poll while IRQs are masked."""
         while True:
             if self._qmasked[q]:
@@ -494,7 +507,7 @@ class GroEngine:
                 self._complete_poll(q, dl, self._qn[q])
                 continue
             last = self._qlast[q]
-            if last is not None and t - last > self._gap_ns:
+            if last is not None and (t - last > self._gap_ns if mark is None else mark):
                 self._complete_poll(q, last, self._qn[q])
                 continue
             dl = self._qdeadline[q]
@@ -576,6 +589,16 @@ class GroEngine:
         elif ln > e.mss:
             return R.MSS_EXCEEDED  # R14.6
         return R.SIZE_LIMIT  # R15a/R15b
+
+
+def _poll_marks(poll_start: np.ndarray | None, n: int) -> np.ndarray | None:
+    """``feed``'s poll_start column as uint8 (0/1), or None; ValueError unless one entry per packet."""
+    if poll_start is None:
+        return None
+    ps = np.asarray(poll_start)
+    if ps.shape != (n,):
+        raise ValueError(f"poll_start must have one entry per packet: shape {ps.shape}, {n} packets")
+    return (ps != 0).astype(np.uint8)
 
 
 def _r16_reason(f: int) -> int:

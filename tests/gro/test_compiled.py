@@ -45,11 +45,12 @@ US = 1000
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
-def run(engine_cls, cfg: GroConfig, batch: PacketBatch, fid: np.ndarray, cuts=()) -> SuperPacketBatch:
-    """Feed ``batch`` split at ``cuts`` (sorted row indexes), then flush; all rows."""
+def run(engine_cls, cfg: GroConfig, batch: PacketBatch, fid: np.ndarray, cuts=(), poll_start=None) -> SuperPacketBatch:
+    """Feed ``batch`` split at ``cuts`` (sorted row indexes), then flush; all rows. ``poll_start``: marks."""
     eng = engine_cls(cfg)
     bounds = [0, *cuts, len(batch)]
-    parts = [eng.feed(batch.take(slice(a, b)), fid[a:b]) for a, b in itertools.pairwise(bounds)]
+    parts = [eng.feed(batch.take(slice(a, b)), fid[a:b], None if poll_start is None else poll_start[a:b])
+             for a, b in itertools.pairwise(bounds)]
     parts.append(eng.flush())
     assert eng.held == 0
     return SuperPacketBatch.concat(parts)
@@ -355,6 +356,43 @@ def test_synthetic_stream_identical(seed):
         assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, every(1, len(pb))), f"seed {seed}/1")
 
 
+@pytest.mark.parametrize("seed", SEEDS[:12])
+def test_synthetic_stream_with_poll_starts_identical(seed):
+    """feed(..., poll_start=marks): random marks (sparse to dense, bool or uint8) replace the gap rule in both
+    engines alike, under every config (budget chunks, HZ >= 1000 flush_old, R21.5 timers, several queues)."""
+    rng = np.random.default_rng(5000 + seed)
+    pb, fid = synth_stream(seed, 1200)
+    density = float(rng.choice([0.002, 0.02, 0.1, 0.5]))
+    marks = rng.random(len(pb)) < density
+    if seed % 2:
+        marks = marks.astype(np.uint8)
+    for ci in rng.choice(len(SYNTH_CONFIGS), size=4, replace=False).tolist():
+        cfg = SYNTH_CONFIGS[ci]
+        ref = run(GroEngine, cfg, pb, fid, poll_start=marks)
+        label = f"seed {seed} config {ci} marks {density}"
+        assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, poll_start=marks), f"{label}/whole")
+        cuts = random_cuts(rng, len(pb), int(rng.integers(1, 40)))
+        assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, cuts, poll_start=marks), f"{label}/random {cuts}")
+        assert_same(ref, run(GroEngine, cfg, pb, fid, cuts, poll_start=marks), f"{label}/reference split")
+    if seed % 4 == 0:
+        cfg = SYNTH_CONFIGS[seed % len(SYNTH_CONFIGS)]
+        ref = run(GroEngine, cfg, pb, fid, poll_start=marks)
+        assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, every(1, len(pb)), marks), f"seed {seed}/1")
+
+
+@pytest.mark.parametrize("capture", [c for c in CAPTURES if c.endswith(".snd.pcap")][:2])
+def test_kernel_capture_with_poll_starts_identical(capture):
+    pb, fid = load_capture(capture)
+    rng = np.random.default_rng(len(pb) + 1)
+    marks = rng.random(len(pb)) < 0.03
+    for cname in ("default", "hz1000", "timeout_defer", "weight16"):
+        cfg = GroConfig(**CONFIGS[cname])
+        ref = run(GroEngine, cfg, pb, fid, poll_start=marks)
+        assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, poll_start=marks), f"{capture}/{cname}/marks")
+        cuts = random_cuts(rng, len(pb), 12)
+        assert_same(ref, run(CompiledGroEngine, cfg, pb, fid, cuts, marks), f"{capture}/{cname}/marks {cuts}")
+
+
 def test_synthetic_streams_exercise_every_flush_reason():
     """The random streams above reach every reason code (else the differential test proves less)."""
     seen: set[int] = set()
@@ -388,6 +426,8 @@ def test_interface_matches_reference():
     pb, fid = synth_stream(3, 50)
     with pytest.raises(ValueError, match="one entry per packet"):
         eng.feed(pb, fid[:-1])
+    with pytest.raises(ValueError, match="poll_start must have one entry per packet"):
+        eng.feed(pb, fid, np.zeros(len(pb) + 1, bool))
     empty = eng.feed(pb.take(slice(0, 0)), fid[:0])
     assert len(empty) == 0 and isinstance(empty, SuperPacketBatch)
     assert_same(ref.feed(pb, fid), eng.feed(pb, fid.astype(np.int32)), "int32 flow ids")
