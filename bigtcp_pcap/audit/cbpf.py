@@ -131,11 +131,12 @@ class AuditResult:
         """Per-frame rows for ``filter_audit.parquet``: frame, verdict, reason, matched, truth."""
         import pyarrow as pa
 
-        verdict = pa.DictionaryArray.from_arrays(pa.array(self.verdict.astype(np.int8)), pa.array(VERDICT_NAMES))
-        reason_idx = pa.array(self.reason.astype(np.int8), mask=self.reason == R_NONE)
-        reason = pa.DictionaryArray.from_arrays(reason_idx, pa.array(REASON_NAMES))
-        return pa.table({"frame": pa.array(self.frame, pa.uint64()), "verdict": verdict, "reason": reason,
-                         "matched": pa.array(self.raw_match), "truth": pa.array(self.truth_match)},
+        from ..output import arrow as A
+
+        return pa.table({"frame": A.array(self.frame, pa.uint64()),
+                         "verdict": A.dictionary(self.verdict, VERDICT_NAMES),
+                         "reason": A.dictionary(self.reason, REASON_NAMES, mask=self.reason == R_NONE),
+                         "matched": A.array(self.raw_match, pa.bool_()), "truth": A.array(self.truth_match, pa.bool_())},
                         metadata={b"bigtcp_pcap.filter": self.expr.encode()})
 
 

@@ -574,13 +574,14 @@ class EbpfAuditResult:
         """Per-frame rows: frame, retval_raw, retval_normalized (null when not run), output_differs, reason."""
         import pyarrow as pa
 
-        reason_idx = pa.array(self.reason.astype(np.int8), mask=self.reason == R_NONE)
+        from ..output import arrow as A
+
         return pa.table({
-            "frame": pa.array(self.frame, pa.uint64()),
-            "retval_raw": pa.array(self.retval_raw, pa.int64(), mask=self.retval_raw < 0),
-            "retval_normalized": pa.array(self.retval_norm, pa.int64(), mask=self.retval_norm < 0),
-            "output_differs": pa.array(self.out_differs),
-            "reason": pa.DictionaryArray.from_arrays(reason_idx, pa.array(REASON_NAMES))},
+            "frame": A.array(self.frame, pa.uint64()),
+            "retval_raw": A.array(self.retval_raw, pa.int64(), mask=self.retval_raw < 0),
+            "retval_normalized": A.array(self.retval_norm, pa.int64(), mask=self.retval_norm < 0),
+            "output_differs": A.array(self.out_differs, pa.bool_()),
+            "reason": A.dictionary(self.reason, REASON_NAMES, mask=self.reason == R_NONE)},
             metadata={b"bigtcp_pcap.ebpf_program": f"{self.object_path}:{self.section}:{self.program}".encode()})
 
 

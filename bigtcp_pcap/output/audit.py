@@ -14,6 +14,7 @@ from ..audit.cbpf import OK, FilterAudit
 from ..audit.libpcap import FilterError, LibpcapMissing
 from ..decode.schema import PacketBatch
 from ..errors import UsageError
+from . import arrow as A
 
 AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.string()),
                           ("verdict", pa.dictionary(pa.int8(), pa.string())),
@@ -84,6 +85,6 @@ def audit_rows(result) -> pa.Table:
     """Rows of filter_audit.parquet for one expression: the frames whose verdict is not ok."""
     t = result.frames_table()
     bad = np.asarray(result.verdict) != OK
-    t = t.filter(pa.array(bad))
-    return pa.table({"frame": t.column("frame"), "filter": pa.array([result.expr] * t.num_rows, pa.string()),
+    t = t.filter(A.array(bad, pa.bool_()))
+    return pa.table({"frame": t.column("frame"), "filter": A.array([result.expr] * t.num_rows, pa.string()),
                      "verdict": t.column("verdict"), "reason": t.column("reason")}, schema=AUDIT_SCHEMA)

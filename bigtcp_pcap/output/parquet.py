@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..decode.schema import BIGTCP_NAMES, TUNNEL_NAMES, PacketBatch
+from . import arrow as A
 
 BIGTCP_TYPE = pa.dictionary(pa.int8(), pa.string())
 TS_TYPE = pa.timestamp("ns", tz="UTC")
@@ -46,37 +47,29 @@ FINDINGS_SCHEMA = pa.schema([("frame", pa.uint64()), ("code", pa.string()), ("se
 
 
 def _dict_array(codes: np.ndarray, names: tuple[str, ...]) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int8)), pa.array(list(names)))
+    return A.dictionary(codes, names)
 
 
 def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     l4 = pb.l4_off >= 0
     is_tcp = l4 & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)  # a TCP header cut by the snaplen: nulls
-    is_l4 = l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))
-    cols = {
-        "frame": pa.array(pb.frame), "ts_ns": pa.array(pb.ts_ns.view("datetime64[ns]"), TS_TYPE),
-        "caplen": pa.array(pb.caplen), "wirelen": pa.array(pb.wirelen), "linktype": pa.array(pb.linktype),
-        "if_id": pa.array(pb.if_id), "flow_id": pa.array(flow_id, mask=flow_id < 0),
-        "tunnel": _dict_array(pb.tunnel, TUNNEL_NAMES),
-        "ip_version": pa.array(pb.ip_version, mask=pb.ip_version == 0),
-        "ip_len": pa.array(pb.ip_len, mask=pb.ip_version == 0),
-        "ip_len_field": pa.array(pb.ip_len_field, mask=pb.ip_version == 0),
-        "bigtcp": _dict_array(pb.bigtcp, BIGTCP_NAMES),
-        "jumbo_len": pa.array(pb.jumbo_len, mask=~pb.has_jumbo),
-        "ext_len": pa.array(pb.ext_len), "ttl": pa.array(pb.ttl), "tos": pa.array(pb.tos),
-        "ip_id": pa.array(pb.ip_id), "flow_label": pa.array(pb.flow_label),
-        "l4_proto": pa.array(pb.l4_proto, mask=pb.ip_version == 0),
-        "sport": pa.array(pb.sport, mask=~is_l4), "dport": pa.array(pb.dport, mask=~is_l4),
-        "tcp_seq": pa.array(pb.tcp_seq, mask=~is_tcp), "tcp_ack": pa.array(pb.tcp_ack, mask=~is_tcp),
-        "tcp_flags": pa.array(pb.tcp_flags, mask=~is_tcp), "tcp_win": pa.array(pb.tcp_win, mask=~is_tcp),
-        "tcp_hdr_len": pa.array(pb.tcp_hdr_len, mask=~is_tcp),
-        "tcp_payload_len": pa.array(pb.tcp_payload_len, mask=~is_tcp),
-        "tcp_mss": pa.array(pb.tcp_mss, mask=pb.tcp_mss == 0),
-        "tcp_ts_val": pa.array(pb.tcp_ts_val, mask=~pb.tcp_has_ts),
-        "udp_len": pa.array(pb.udp_len, mask=~(l4 & (pb.l4_proto == 17))),
-        "status": pa.array(pb.status),
+    not_tcp = ~is_tcp
+    not_l4 = ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17)))
+    no_ip = pb.ip_version == 0
+    cols = {  # name: values or (values, null mask)
+        "frame": pb.frame, "ts_ns": pb.ts_ns, "caplen": pb.caplen, "wirelen": pb.wirelen, "linktype": pb.linktype,
+        "if_id": pb.if_id, "flow_id": (flow_id, flow_id < 0), "tunnel": _dict_array(pb.tunnel, TUNNEL_NAMES),
+        "ip_version": (pb.ip_version, no_ip), "ip_len": (pb.ip_len, no_ip), "ip_len_field": (pb.ip_len_field, no_ip),
+        "bigtcp": _dict_array(pb.bigtcp, BIGTCP_NAMES), "jumbo_len": (pb.jumbo_len, ~pb.has_jumbo),
+        "ext_len": pb.ext_len, "ttl": pb.ttl, "tos": pb.tos, "ip_id": pb.ip_id, "flow_label": pb.flow_label,
+        "l4_proto": (pb.l4_proto, no_ip), "sport": (pb.sport, not_l4), "dport": (pb.dport, not_l4),
+        "tcp_seq": (pb.tcp_seq, not_tcp), "tcp_ack": (pb.tcp_ack, not_tcp), "tcp_flags": (pb.tcp_flags, not_tcp),
+        "tcp_win": (pb.tcp_win, not_tcp), "tcp_hdr_len": (pb.tcp_hdr_len, not_tcp),
+        "tcp_payload_len": (pb.tcp_payload_len, not_tcp), "tcp_mss": (pb.tcp_mss, pb.tcp_mss == 0),
+        "tcp_ts_val": (pb.tcp_ts_val, ~pb.tcp_has_ts), "udp_len": (pb.udp_len, ~(l4 & (pb.l4_proto == 17))),
+        "status": pb.status,
     }
-    return pa.table(cols, schema=PACKETS_SCHEMA)
+    return A.table(cols, PACKETS_SCHEMA)
 
 
 class TableSink:
@@ -115,7 +108,7 @@ class TableSink:
         arrays = []
         for f in self.schema:
             x = cols[f.name]
-            arrays.append(x if isinstance(x, pa.Array) else pa.array(x, f.type))
+            arrays.append(A.array(x, f.type))
         self.write(pa.Table.from_arrays(arrays, schema=self.schema))
 
     def close(self, metadata: dict) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..decode.schema import BIGTCP_NAMES
+from . import arrow as A
 from .parquet import BIGTCP_TYPE, TS_TYPE
 
 SUPERPACKETS_SCHEMA = pa.schema([
@@ -24,21 +25,18 @@ def superpackets_columns(spb, flows) -> dict:
     # addresses: one string per distinct flow, spread to the rows with a vectorized take
     uniq, inv = np.unique(fid, return_inverse=True)
     keys = [flows.key(f)[:2] if f >= 0 else (None, None) for f in uniq.tolist()]
-    idx = pa.array(inv.ravel().astype(np.int32))
+    idx = A.array(inv.ravel().astype(np.int32), pa.int32())
     names = spb.reason_names
     return {
         "flow_id": fid,
-        "src": pa.array([k[0] for k in keys], pa.string()).take(idx),
-        "dst": pa.array([k[1] for k in keys], pa.string()).take(idx),
+        "src": A.array([k[0] for k in keys], pa.string()).take(idx),
+        "dst": A.array([k[1] for k in keys], pa.string()).take(idx),
         "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
         "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
-        "bigtcp": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.bigtcp).astype(np.int8)),
-                                                 pa.array(list(BIGTCP_NAMES))),
+        "bigtcp": A.dictionary(spb.bigtcp, BIGTCP_NAMES),
         "first_frame": spb.first_frame, "last_frame": spb.last_frame,
         "ts_first_ns": np.asarray(spb.ts_first_ns).view("datetime64[ns]"),
         "ts_last_ns": np.asarray(spb.ts_last_ns).view("datetime64[ns]"),
-        "flush_reason": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.flush_reason).astype(np.int8)),
-                                                       pa.array(list(names))),
-        "source": pa.DictionaryArray.from_arrays(pa.array(np.asarray(spb.source).astype(np.int8)),
-                                                 pa.array(list(SOURCE_NAMES))),
+        "flush_reason": A.dictionary(spb.flush_reason, names),
+        "source": A.dictionary(spb.source, SOURCE_NAMES),
     }
