@@ -9,7 +9,8 @@ the walk's parameters. No Python object is made per record.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .._native import njit
 
 OK, NEED, STOP_BLOCK, BAD_CAPLEN, BAD_BLOCK_LEN, BAD_TRAILER, BAD_IF, BAD_EPB_LEN, FULL = range(9)
 
@@ -30,7 +31,7 @@ def rd32(d, p, be):
     return (np.uint32(d[p + 3]) << 24) | (np.uint32(d[p + 2]) << 16) | (np.uint32(d[p + 1]) << 8) | np.uint32(d[p])
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def walk_pcap(data, pos, end, be, ts_mul, max_caplen, off, caplen, wirelen, ts_ns, rec_pos):
     """Classic pcap records. ts_mul is 1000 for microsecond files and 1 for nanosecond files.
 
@@ -66,7 +67,7 @@ def _ts_to_ns(units, mul, div, off_ns):
     return np.int64((units // div) * mul + ((units % div) * mul) // div) + off_ns
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_off_ns, n_if, max_caplen,
                 off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id):
     """pcapng packet blocks (EPB, SPB, obsolete PB); other unknown blocks are skipped.

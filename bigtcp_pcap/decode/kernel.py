@@ -12,9 +12,9 @@ Output columns are grouped by dtype into (K, n) arrays so that each column is a 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .. import findings as F
+from .._native import njit
 from .schema import (
     BIGTCP_HBH_JUMBO,
     BIGTCP_NONE,
@@ -85,7 +85,7 @@ def _is_ext(nh):
         or nh == 253 or nh == 254
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, oi8, src, dst,
                   f_row, f_code, f_val):
     """Decode every record; returns the number of finding rows written to f_row/f_code/f_val."""
@@ -165,7 +165,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
         o16[U16_L2_LEN, i] = pos - p0
         o64[U64_L2_HASH, i] = fnv1a(buf, p0, pos)
 
-        outer_bigtcp = BIGTCP_NONE
+        outer_bigtcp = np.uint8(BIGTCP_NONE)
         outer_jumbo = np.int64(0)
         depth = 0
         while etype != -1:

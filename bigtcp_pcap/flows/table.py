@@ -11,8 +11,8 @@ import ipaddress
 from collections import Counter
 
 import numpy as np
-from numba import njit
 
+from .._native import njit
 from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_SYN, PacketBatch
 
 MAX_HOLES = 16
@@ -25,7 +25,7 @@ def _unwrap(seq, ref):
     return ref + d
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap_total, retrans, ooo):
     """Track each flow's highest sequence end and its holes; count retransmissions and out-of-order data."""
     for i in range(fid.shape[0]):
@@ -99,7 +99,7 @@ def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap
             max_end[f] = e
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def flow_digest(ver, src, dst, sport, dport, mask):
     """64-bit FNV-1a of (version, src, dst, sport, dport) per row: the flow direction key."""
     out = np.zeros(ver.shape[0], np.uint64)
@@ -121,7 +121,7 @@ def flow_digest(ver, src, dst, sport, dport, mask):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def counters_kernel(fid, plen, wirelen, bigtcp, ts, frame, flags, mss, packets, payload, wire, big, maxp,
                     first_frame, ts_first, ts_last, mss_out):
     """Per-flow packet/byte counters, first/last sighting and the SYN's MSS option, in one pass."""

@@ -40,8 +40,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
+from .._native import njit
 from ..decode.schema import (
     BIGTCP_HBH_JUMBO,
     BIGTCP_NONE,
@@ -131,21 +131,21 @@ def _row(S, C, O, K, g, reason):
     """R20: what the receiver sees for a completed p (appended to the output, R23)."""
     l3 = S[g, E_PLEN]
     frame_len = S[g, E_L2] + l3
-    big = BIGTCP_NONE
-    gso = 0
+    big = np.int64(BIGTCP_NONE)
+    gso = np.int64(0)
     v4 = S[g, G_V4] != 0
     if S[g, E_COUNT] > 1:
         gso = S[g, E_MSS]
         if v4:
             if l3 > 65535:
-                big = BIGTCP_V4_TOTLEN0  # R20: tot_len = 0 above 65535
+                big = np.int64(BIGTCP_V4_TOTLEN0)  # R20: tot_len = 0 above 65535
         elif l3 - 40 > IPV6_MAXPLEN:
             if C[C_HBH]:
-                big = BIGTCP_HBH_JUMBO  # R20 (<= 6.19): 8-byte HBH jumbo inserted, payload_len 0
+                big = np.int64(BIGTCP_HBH_JUMBO)  # R20 (<= 6.19): 8-byte HBH jumbo inserted, payload_len 0
                 frame_len += 8
             else:
-                big = BIGTCP_V6_PLEN0  # R20 (7.0): payload_len 0, no extension header
-    source = SOURCE_OBSERVED if (S[g, E_GSO] != 0 and S[g, E_NPK] == 1) else SOURCE_REBUILT
+                big = np.int64(BIGTCP_V6_PLEN0)  # R20 (7.0): payload_len 0, no extension header
+    source = np.int64(SOURCE_OBSERVED if (S[g, E_GSO] != 0 and S[g, E_NPK] == 1) else SOURCE_REBUILT)
     k = K[0]
     _emit(O, k, S[g, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], S[g, E_SEQ0], l3 - S[g, E_HDR],
           S[g, E_COUNT], l3, frame_len, big, S[g, E_F0], S[g, E_F1], S[g, E_T0], S[g, E_T1], reason, source,
@@ -365,7 +365,7 @@ def _mismatch(S, C, g, fm, f, fwm, ack, opt, l3w, seq, ln, gsz, ipid):
 # ============================================================================================================
 # the loop
 # ============================================================================================================
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
     """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs).
 
@@ -531,7 +531,7 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
         Q[q, Q_N] = c
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def _flush_end(S, Q, B, C, O, K, nq):
     """End of input (section 3 step 7): complete every held entry, reset the poll state of every queue."""
     for q in range(nq):
@@ -563,7 +563,7 @@ def _mix(h, x):
     return h ^ (h >> np.uint64(29))
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def _rehash(tab, khash, ngid):
     """Re-insert gids 0..ngid-1 (table digests ``khash``) into the empty table ``tab`` (size a power of 2)."""
     mask = np.uint64(tab.shape[0] - 1)
@@ -574,7 +574,7 @@ def _rehash(tab, khash, ngid):
         tab[j] = g
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True)
 def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
     """gid of each KIND_TCP row from ``start`` on (-1 elsewhere); unseen keys get the next gid, their first
     row goes to ``new_rows``. ST = [ngid, nnew]. Returns the row where it stopped: len(kind) when done, less when

@@ -1,0 +1,117 @@
+"""The ahead-of-time kernels (bigtcp_pcap/_native.py, build_kernels.py).
+
+* after ``scripts/setup`` the pipeline runs on them: no numba, no pandas in the process, no JIT fallback;
+* every table they produce is identical to numba's JIT (BIGTCP_PCAP_JIT=1) on every kernel capture;
+* a call with argument types the build did not compile for runs on the JIT and gives the same answer;
+* edited kernel sources make the module stale, so it is not used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from bigtcp_pcap import _native
+from bigtcp_pcap.capture import walk
+
+FIX = Path(__file__).parent / "fixtures" / "kernel"
+CAPTURES = sorted(p for p in FIX.rglob("*.pcap*") if p.is_file())
+JIT_FORCED = bool(os.environ.get(_native.ENV_FORCE_JIT))
+
+pytestmark = pytest.mark.skipif(JIT_FORCED, reason=f"{_native.ENV_FORCE_JIT} is set: the JIT is under test")
+
+
+def _env(jit: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != _native.ENV_FORCE_JIT}
+    if jit:
+        env[_native.ENV_FORCE_JIT] = "1"
+    return env
+
+
+RUN = r"""
+import json, sys
+from pathlib import Path
+from bigtcp_pcap import analyze, _native
+out = Path(sys.argv[1])
+for i, cap in enumerate(sys.argv[2:]):
+    analyze(cap, outdir=out / str(i), packets=True)
+print(json.dumps({"mode": _native.MODE, "fallbacks": _native.fallbacks,
+                  "modules": [m for m in ("numba", "llvmlite", "pandas", "matplotlib") if m in sys.modules]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """Every kernel capture analysed on the ahead-of-time kernels and on the JIT (two fresh processes)."""
+    out = {}
+    for jit in (False, True):
+        d = tmp_path_factory.mktemp("jit" if jit else "aot")
+        r = subprocess.run([sys.executable, "-c", RUN, str(d), *map(str, CAPTURES)], env=_env(jit), check=False,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out[jit] = (d, json.loads(r.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_pipeline_runs_without_numba_or_pandas(both):
+    _, info = both[False]
+    assert info["mode"] == "aot", f"the ahead-of-time kernels are not in use: {info['mode']}"
+    assert info["fallbacks"] == {}, "calls whose argument types the build did not compile for"
+    assert info["modules"] == [], f"imported although the analysis does not need them: {info['modules']}"
+    assert both[True][1]["mode"].startswith("jit")
+
+
+def test_tables_identical_to_the_jit(both):
+    (aot, _), (jit, _) = both[False], both[True]
+    compared = 0
+    for i in range(len(CAPTURES)):
+        names = sorted(p.name for p in (aot / str(i)).glob("*.parquet"))
+        assert names == sorted(p.name for p in (jit / str(i)).glob("*.parquet"))
+        assert "superpackets.parquet" in names and "packets.parquet" in names
+        for name in names:
+            a, j = pq.read_table(aot / str(i) / name), pq.read_table(jit / str(i) / name)
+            assert a.num_rows == j.num_rows, (CAPTURES[i].name, name)
+            assert a.equals(j), f"{CAPTURES[i].name}: {name} differs between the AOT and JIT kernels"
+            compared += a.num_rows
+    assert compared > 10_000
+
+
+def test_unseen_argument_types_run_on_the_jit():
+    data = np.fromfile(FIX / "v6_185000.rcv.pcap", np.uint8)
+    cols = [np.empty(64, np.int64), np.empty(64, np.uint32), np.empty(64, np.uint32), np.empty(64, np.int64),
+            np.empty(64, np.int64)]
+    want = walk.walk_pcap(data, 24, data.shape[0], False, 1000, 262144, *cols)
+    assert want[0] == 64 and want[2] == walk.FULL
+    first = [c.copy() for c in cols]
+    before = dict(_native.fallbacks)
+    # a 32-bit offsets array: the compiled code would write 8-byte values into it; the guard sends it to the JIT
+    off32 = np.zeros(64, np.int32)
+    got = walk.walk_pcap(data, 24, data.shape[0], False, 1000, 262144, off32, *cols[1:])
+    assert got == want
+    assert np.array_equal(off32, first[0])
+    if _native.MODE == "aot":
+        key = "bigtcp_pcap.capture.walk.walk_pcap"
+        assert _native.fallbacks.get(key, 0) == before.get(key, 0) + 1
+
+
+@pytest.mark.skipif(_native.MODE != "aot", reason="the ahead-of-time kernels are not built")
+def test_edited_kernel_source_makes_the_module_stale(tmp_path, monkeypatch):
+    spec = json.loads(_native.SPEC_FILE.read_text())
+    assert {"capture/walk.py", "decode/kernel.py", "flows/table.py", "gro/compiled.py"} <= set(spec["sources"])
+    assert spec["source_sha256"] == _native.source_digest(spec["sources"])
+    copy = tmp_path / "bigtcp_pcap"
+    shutil.copytree(_native.PKG, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    monkeypatch.setattr(_native, "PKG", copy)
+    monkeypatch.setattr(_native, "SPEC_FILE", copy / "_kernels.json")
+    assert _native._load_aot()[2] == "aot"  # the same sources
+    kernel = copy / "gro" / "compiled.py"
+    kernel.write_text(kernel.read_text().replace("BIG = 1 << 62", "BIG = 1 << 61"))
+    assert "stale" in _native._load_aot()[2]
