@@ -184,6 +184,77 @@ class _Rows:
         self.off = off
 
 
+@dataclass
+class PreparedBatch:
+    """The frames of one batch an audit runs, with their normalized copies (see ``prepare_batch``)."""
+
+    pb: PacketBatch
+    buf: np.ndarray
+    off: np.ndarray
+    cap: np.ndarray
+    wire: np.ndarray
+    lts: np.ndarray
+    linktypes: list[int]
+    norm_idx: np.ndarray  # rows of pb that have a normalized copy
+    nbuf: np.ndarray
+    n_off: np.ndarray
+    n_cap: np.ndarray
+    n_wire: np.ndarray
+    skipped: int  # frames left out by candidates_only
+    not_audited: Counter[str]
+
+
+def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) -> PreparedBatch:
+    """Select the frames to audit and normalize them once; the result is the same for every expression of a
+    kind (``candidates_only``, ``l4_index``), so the default audit's filters share it."""
+    skipped = 0
+    if candidates_only and len(pb):
+        v6 = pb.ip_version == 6
+        need = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | ((pb.ip_version == 4) & (pb.ip_len_field == 0))
+        if l4_index:
+            need |= v6
+        idx = np.flatnonzero(need)
+        skipped = len(pb) - idx.size
+        if idx.size < len(pb):
+            rb = _Rows(rb.buf, np.asarray(rb.off)[idx])
+            pb = pb.take(idx)
+    n = len(pb)
+    buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
+    off = np.asarray(rb.off, dtype=np.int64)[:n]
+    cap, wire, lts = pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64), pb.linktype.astype(np.int64)
+    not_audited: Counter[str] = Counter()
+    # normalized copies of the frames whose encoding differs from a plain packet
+    v6 = pb.ip_version == 6
+    v4 = pb.ip_version == 4
+    cand = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
+    tunnel = pb.tunnel != TUNNEL_NONE
+    not_audited[nz.SKIP_TUNNEL] += int(tunnel.sum())
+    norm_idx, parts, n_off, n_cap, n_wire = [], [], [], [], []
+    pos = 0
+    for i in np.flatnonzero(cand & ~tunnel).tolist():
+        f = nz.L3Fields.from_batch(pb, i)
+        o, c = int(off[i]), int(cap[i])
+        data = buf[o:o + c].tobytes()
+        why = nz.why_not(f, c)
+        if why is not None:
+            not_audited[why] += 1
+            continue
+        if not nz.needs_normalizing(f, data):
+            continue
+        new, new_wire = nz.normalize_frame(data, int(wire[i]), f)
+        norm_idx.append(i)
+        parts.append(new)
+        n_off.append(pos)
+        n_cap.append(len(new))
+        n_wire.append(new_wire)
+        pos += len(new)
+    nbuf = np.frombuffer(b"".join(parts), dtype=np.uint8) if parts else np.zeros(0, np.uint8)
+    return PreparedBatch(pb, buf, off, cap, wire, lts, np.unique(lts).tolist() if n else [],
+                         np.asarray(norm_idx, dtype=np.int64), nbuf, *(np.asarray(x, dtype=np.int64)
+                                                                       for x in (n_off, n_cap, n_wire)),
+                         skipped, not_audited)
+
+
 class FilterAudit:
     """Streaming audit: ``feed(record_batch, packet_batch)`` for each batch, then ``result()``.
 
@@ -248,61 +319,25 @@ class FilterAudit:
 
     def feed(self, rb, pb: PacketBatch) -> None:
         """Audit one batch (the PacketBatch of the RecordBatch ``rb``)."""
-        if self.candidates_only and len(pb):
-            v6 = pb.ip_version == 6
-            need = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | ((pb.ip_version == 4) & (pb.ip_len_field == 0))
-            if self.l4_index:
-                need |= v6
-            idx = np.flatnonzero(need)
-            skipped = len(pb) - idx.size
-            self._n_frames += skipped
-            self._n_skipped += skipped
-            if idx.size == 0:
-                return
-            rb = _Rows(rb.buf, np.asarray(rb.off)[idx])
-            pb = pb.take(idx)
-        n = len(pb)
+        self.feed_prepared(prepare_batch(rb, pb, self.candidates_only, self.l4_index))
+
+    def feed_prepared(self, b: PreparedBatch) -> None:
+        """Audit one batch prepared by ``prepare_batch`` (shared by every audit with the same selection)."""
+        self._n_frames += b.skipped
+        self._n_skipped += b.skipped
+        self._not_audited.update(b.not_audited)
+        n = len(b.pb)
         if n == 0:
             return
-        buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
-        off = np.asarray(rb.off, dtype=np.int64)[:n]
-        cap, wire, lts = pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64), pb.linktype.astype(np.int64)
-        self._linktypes.update(np.unique(lts).tolist())
-
-        # 1. normalized copies of the frames whose encoding differs from a plain packet
-        v6 = pb.ip_version == 6
-        v4 = pb.ip_version == 4
-        cand = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
-        tunnel = pb.tunnel != TUNNEL_NONE
-        self._not_audited[nz.SKIP_TUNNEL] += int(tunnel.sum())
-        norm_idx, parts, n_off, n_cap, n_wire = [], [], [], [], []
-        pos = 0
-        for i in np.flatnonzero(cand & ~tunnel).tolist():
-            f = nz.L3Fields.from_batch(pb, i)
-            o, c = int(off[i]), int(cap[i])
-            data = buf[o:o + c].tobytes()
-            why = nz.why_not(f, c)
-            if why is not None:
-                self._not_audited[why] += 1
-                continue
-            if not nz.needs_normalizing(f, data):
-                continue
-            new, new_wire = nz.normalize_frame(data, int(wire[i]), f)
-            norm_idx.append(i)
-            parts.append(new)
-            n_off.append(pos)
-            n_cap.append(len(new))
-            n_wire.append(new_wire)
-            pos += len(new)
-        norm_idx = np.asarray(norm_idx, dtype=np.int64)
-        nbuf = np.frombuffer(b"".join(parts), dtype=np.uint8) if parts else np.zeros(0, np.uint8)
-        n_off, n_cap, n_wire = (np.asarray(x, dtype=np.int64) for x in (n_off, n_cap, n_wire))
+        pb, buf, off, cap, wire, lts = b.pb, b.buf, b.off, b.cap, b.wire, b.lts
+        norm_idx, nbuf, n_off, n_cap, n_wire = b.norm_idx, b.nbuf, b.n_off, b.n_cap, b.n_wire
+        self._linktypes.update(b.linktypes)
 
         raw = np.zeros(n, bool)
         norm = np.zeros(n, bool)
         truth = np.zeros(n, bool)
         cand_match = {id(c): np.zeros(n, bool) for c in self.candidates}
-        for lt in np.unique(lts).tolist():
+        for lt in b.linktypes:
             sel = np.flatnonzero(lts == lt)
             view = (buf, off[sel], cap[sel], wire[sel])
             nsel_mask = lts[norm_idx] == lt

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..audit.cbpf import OK, FilterAudit
+from ..audit.cbpf import OK, FilterAudit, prepare_batch
 from ..audit.libpcap import FilterError, LibpcapMissing
 from ..decode.schema import PacketBatch
 from ..errors import UsageError
@@ -63,9 +63,13 @@ class FilterAudits:
     def feed(self, rb, pb: PacketBatch, fid) -> None:
         if not self._started:
             self._start(pb)
+        prepared = {}  # the selection and normalization are shared by the audits of one kind
         for a in self.audits:
+            kind = (a.candidates_only, a.l4_index)
+            if kind not in prepared:
+                prepared[kind] = prepare_batch(rb, pb, *kind)
             try:
-                a.feed(rb, pb)
+                a.feed_prepared(prepared[kind])
             except FilterError as e:
                 raise UsageError(f"filter {a.expr!r}: {e}") from None
 
