@@ -87,6 +87,7 @@ class CaptureReader:
         self._base = 0  # stream offset of _buf[0]
         self._frame = 1
         self._stream_error: tuple[str, int] | None = None
+        self._const_linktype: int | None = None  # pcap: one supported linktype for every record
 
     # --- buffer management --------------------------------------------------------------------------------
     def _fill(self, keep_from: int, need: int) -> bool:
@@ -157,9 +158,10 @@ class CaptureReader:
         if n == 0:
             return None
         # an unsupported linktype is a fault at the first frame that has it
-        bad = ~np.isin(linktype[:n], np.fromiter(SUPPORTED_LINKTYPES, np.uint16))
         fault = None
-        if bad.any():
+        const = self._const_linktype
+        bad = None if const is not None else ~np.isin(linktype[:n], np.fromiter(SUPPORTED_LINKTYPES, np.uint16))
+        if bad is not None and bad.any():
             k = int(np.argmax(bad))
             fault = CaptureError(self.info.name, f"linktype {int(linktype[k])} is not supported (supported: "
                                  + ", ".join(f"{v} {k2}" for k2, v in sorted(SUPPORTED_LINKTYPES.items())) + ")",
@@ -171,7 +173,10 @@ class CaptureReader:
         if n:
             self._frame += n
             self.info.packets += n
-            self.info.linktypes.update(int(x) for x in np.unique(batch.linktype))
+            if const is None:
+                self.info.linktypes.update(int(x) for x in np.unique(batch.linktype))
+            else:
+                self.info.linktypes.add(const)
             if self.info.first_ts_ns is None:
                 self.info.first_ts_ns = int(batch.ts_ns[0])
             self.info.last_ts_ns = int(batch.ts_ns[-1])
@@ -193,6 +198,8 @@ class CaptureReader:
         max_caplen = min(MAX_CAPLEN, snaplen) if snaplen else MAX_CAPLEN
         off, caplen, wirelen, ts_ns, rec_pos = self._arrays()
         linktype = np.full(self.batch_size, linktype_val, np.uint16)
+        if linktype_val in SUPPORTED_LINKTYPES:
+            self._const_linktype = linktype_val
         if_id = np.zeros(self.batch_size, np.uint32)
         pos = 24
         self._pending_fault = None

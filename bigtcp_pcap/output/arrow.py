@@ -7,6 +7,7 @@ the analysis pipeline runs without pandas; the DataFrame accessors import it whe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,10 +65,15 @@ def _strings(values: Sequence[str | None] | np.ndarray, mask: np.ndarray | None)
                                  null_count=null_count)
 
 
+@functools.lru_cache(maxsize=64)
+def _names(names: tuple[str, ...]) -> pa.Array:
+    return _strings(list(names), None)
+
+
 def dictionary(codes: np.ndarray, names: Sequence[str], mask: np.ndarray | None = None) -> pa.DictionaryArray:
     """int8 codes into ``names`` (the toolkit's dictionary columns)."""
     return pa.DictionaryArray.from_arrays(array(np.asarray(codes).astype(np.int8), pa.int8(), mask),
-                                          _strings(list(names), None))
+                                          _names(tuple(names)))
 
 
 def table(columns: dict, schema: pa.Schema) -> pa.Table:
