@@ -96,10 +96,12 @@ def workload() -> None:
         # enough flows to grow the engine's key table (its rehash)
         from bigtcp_pcap.gro.synth import bulk_stream
 
-        batch, fid = bulk_stream(4000, nflows=400, interleave="packet")
+        batch, fid = bulk_stream(6000, nflows=1500, interleave="packet")
         engine = make_engine("compiled", GroConfig())
         engine.feed(batch, fid)
         engine.flush()
+        batch.l4_off[:] = 54
+        FlowTable().assign(batch)  # and the flow table's
 
 
 def _spec(t) -> dict | None:

@@ -99,26 +99,81 @@ def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap
             max_end[f] = e
 
 
+@njit(cache=True, inline="always")
+def _digest(ver, src, dst, sport, dport, i):
+    """64-bit FNV-1a of (version, src, dst, sport, dport) of row i: the flow direction key."""
+    h = np.uint64(0xCBF29CE484222325)
+    p = np.uint64(0x100000001B3)
+    h = (h ^ np.uint64(ver[i])) * p
+    for k in range(16):
+        h = (h ^ np.uint64(src[i, k])) * p
+    for k in range(16):
+        h = (h ^ np.uint64(dst[i, k])) * p
+    h = (h ^ np.uint64(sport[i] >> 8)) * p
+    h = (h ^ np.uint64(sport[i] & 0xFF)) * p
+    h = (h ^ np.uint64(dport[i] >> 8)) * p
+    return (h ^ np.uint64(dport[i] & 0xFF)) * p
+
+
 @njit(cache=True, entry=True)
-def flow_digest(ver, src, dst, sport, dport, mask):
-    """64-bit FNV-1a of (version, src, dst, sport, dport) per row: the flow direction key."""
-    out = np.zeros(ver.shape[0], np.uint64)
-    for i in range(ver.shape[0]):
+def assign_kernel(ver, src, dst, sport, dport, mask, start, tab_d, tab_id, st, fid, new_rows):
+    """flow_id of each ``mask`` row from ``start`` on (-1 elsewhere), by its digest in the open-addressing table
+    (``tab_d`` digests, ``tab_id`` ids, -1 empty; a power of 2, kept at most half full). A digest not seen before
+    gets the next id (st[0]) and its row goes to ``new_rows`` (st[1] of them). Returns the row where it stopped:
+    len(mask) when done, less when the table must grow first."""
+    n = mask.shape[0]
+    size = tab_d.shape[0]
+    nflows = st[0]
+    nnew = st[1]
+    prev_h = np.uint64(0)
+    prev_id = -1
+    for i in range(start, n):
         if not mask[i]:
+            fid[i] = -1
             continue
-        h = np.uint64(0xCBF29CE484222325)
-        p = np.uint64(0x100000001B3)
-        h = (h ^ np.uint64(ver[i])) * p
-        for k in range(16):
-            h = (h ^ np.uint64(src[i, k])) * p
-        for k in range(16):
-            h = (h ^ np.uint64(dst[i, k])) * p
-        h = (h ^ np.uint64(sport[i] >> 8)) * p
-        h = (h ^ np.uint64(sport[i] & 0xFF)) * p
-        h = (h ^ np.uint64(dport[i] >> 8)) * p
-        h = (h ^ np.uint64(dport[i] & 0xFF)) * p
-        out[i] = h
-    return out
+        h = _digest(ver, src, dst, sport, dport, i)
+        if prev_id >= 0 and h == prev_h:  # bursts of one flow skip the table
+            fid[i] = prev_id
+            continue
+        j = np.int64((h ^ (h >> np.uint64(29))) & np.uint64(size - 1))
+        while True:
+            g = tab_id[j]
+            if g < 0:
+                if 2 * (nflows + 1) > size:
+                    st[0] = nflows
+                    st[1] = nnew
+                    return i
+                g = nflows
+                nflows += 1
+                tab_id[j] = g
+                tab_d[j] = h
+                new_rows[nnew] = i
+                nnew += 1
+                break
+            if tab_d[j] == h:
+                break
+            j = (j + 1) & (size - 1)
+        fid[i] = g
+        prev_h = h
+        prev_id = g
+    st[0] = nflows
+    st[1] = nnew
+    return n
+
+
+@njit(cache=True, entry=True)
+def rehash_kernel(old_d, old_id, tab_d, tab_id):
+    """Insert the occupied slots of (old_d, old_id) into the empty, larger table (tab_d, tab_id)."""
+    size = tab_d.shape[0]
+    for k in range(old_d.shape[0]):
+        if old_id[k] < 0:
+            continue
+        h = old_d[k]
+        j = np.int64((h ^ (h >> np.uint64(29))) & np.uint64(size - 1))
+        while tab_id[j] >= 0:
+            j = (j + 1) & (size - 1)
+        tab_d[j] = h
+        tab_id[j] = old_id[k]
 
 
 @njit(cache=True, entry=True)
@@ -148,7 +203,8 @@ class FlowTable:
     """Assigns ``flow_id`` to TCP packets and accumulates per-flow columns."""
 
     def __init__(self) -> None:
-        self._ids: dict[int, int] = {}  # 64-bit flow digest -> flow_id
+        self._tab_d = np.zeros(1024, np.uint64)  # 64-bit flow digest per slot (open addressing)
+        self._tab_id = np.full(1024, -1, np.int64)  # its flow_id, -1 for an empty slot
         self._key_text: dict[int, tuple[str, str, int, int, int]] = {}
         self.keys: list[bytes] = []
         self._cap = 0
@@ -186,29 +242,30 @@ class FlowTable:
         return len(self.keys)
 
     def assign(self, pb: PacketBatch) -> np.ndarray:
-        """flow_id per row (int64), -1 for packets that are not TCP with readable ports."""
+        """flow_id per row (int64), -1 for packets that are not TCP with readable ports. Ids are given in order
+        of first appearance."""
         n = len(pb)
-        fid = np.full(n, -1, np.int64)
+        fid = np.empty(n, np.int64)
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
-        digest = flow_digest(pb.ip_version, pb.src, pb.dst, pb.sport, pb.dport, tcp)
-        idx = np.nonzero(tcp)[0]
-        if idx.size == 0:
-            return fid
-        uniq, first, inv = np.unique(digest[idx], return_index=True, return_inverse=True)
-        ids = np.empty(uniq.size, np.int64)
-        for j, (d, row) in enumerate(zip(uniq.tolist(), idx[first].tolist())):
-            g = self._ids.get(d)
-            if g is None:
-                g = len(self.keys)
-                self._ids[d] = g
-                self.keys.append(bytes([int(pb.ip_version[row])]) + pb.src[row].tobytes() + pb.dst[row].tobytes()
-                                 + int(pb.sport[row]).to_bytes(2, "big") + int(pb.dport[row]).to_bytes(2, "big"))
-                self.hist.append(Counter())
-                self.sp_hist.append(Counter())
-            ids[j] = g
+        new_rows = np.empty(n, np.int64)
+        st = np.array([len(self.keys), 0], np.int64)
+        i = 0
+        while True:
+            i = assign_kernel(pb.ip_version, pb.src, pb.dst, pb.sport, pb.dport, tcp, i, self._tab_d, self._tab_id,
+                              st, fid, new_rows)
+            if i >= n:
+                break
+            tab_d = np.zeros(2 * self._tab_d.shape[0], np.uint64)
+            tab_id = np.full(tab_d.shape[0], -1, np.int64)
+            rehash_kernel(self._tab_d, self._tab_id, tab_d, tab_id)
+            self._tab_d, self._tab_id = tab_d, tab_id
+        for row in new_rows[: int(st[1])].tolist():
+            self.keys.append(bytes([int(pb.ip_version[row])]) + pb.src[row].tobytes() + pb.dst[row].tobytes()
+                             + int(pb.sport[row]).to_bytes(2, "big") + int(pb.dport[row]).to_bytes(2, "big"))
+            self.hist.append(Counter())
+            self.sp_hist.append(Counter())
         if len(self.keys) > self._cap:
             self._alloc(max(len(self.keys), 2 * self._cap))
-        fid[idx] = ids[inv.ravel()]
         return fid
 
     def update(self, pb: PacketBatch, fid: np.ndarray) -> None:
