@@ -105,6 +105,16 @@ print(json.dumps({"wall": time.perf_counter() - t, "rc": os.waitstatus_to_exitco
 """
 
 
+def cpu_steal() -> tuple[int, int]:
+    """(steal, total) jiffies from /proc/stat: time the hypervisor gave this VM's CPUs to others."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0, 1
+    return (v[7] if len(v) > 7 else 0), sum(v)
+
+
 def run(name: str, cmd: list[str], packets: int) -> dict:
     proc = subprocess.run([sys.executable, "-c", LAUNCH, *cmd], capture_output=True, text=True, check=False)
     m = json.loads(proc.stdout)
@@ -165,8 +175,8 @@ def main() -> int:
     try:
         if args.capture:
             cap = args.capture
-            count = subprocess.run([py, "-c", "import sys; from bigtcp_pcap.capture import CaptureReader; "
-                                    "print(sum(len(b) for b in CaptureReader(sys.argv[1])))", str(cap)],
+            count = subprocess.run([py, "-c", ("import sys; from bigtcp_pcap.capture import CaptureReader; "
+                                               "print(sum(len(b) for b in CaptureReader(sys.argv[1])))"), str(cap)],
                                    capture_output=True, text=True, check=True)
             packets = int(count.stdout)
         else:
@@ -199,6 +209,7 @@ def main() -> int:
             else:
                 print("nfstream: not installed, skipped (pip install nfstream)")
         results = []
+        steal0 = cpu_steal()
         for name, cmd in tools:
             slow = name.startswith(("tshark", "dpkt"))
             results.append(measure(name, cmd, cap, packets, 1 if slow else args.repeat))
@@ -211,7 +222,10 @@ def main() -> int:
             ratio = f"1/{base['steady'] / r['steady']:.1f}" if r["steady"] and r is not base else "1"
             print(f"{r['name']:36} {r['seconds']:7.2f} {r['cpu']:6.2f} {r['startup']:10.2f} {r['pps']:11,.0f} "
                   f"{r['steady']:11,.0f} {ratio:>12} {r['rss_mib']:12.0f}")
-        print(f"\n{packets:,} packets, {cap.stat().st_size / 2**20:.0f} MiB. wall: best of {args.repeat} runs (1 for "
+        steal1 = cpu_steal()
+        steal = 100 * (steal1[0] - steal0[0]) / max(steal1[1] - steal0[1], 1)
+        print(f"\nCPU steal during the runs (time the hypervisor gave to other guests): {steal:.1f} %")
+        print(f"{packets:,} packets, {cap.stat().st_size / 2**20:.0f} MiB. wall: best of {args.repeat} runs (1 for "
               "tshark and dpkt); start-up: the same command on a 147-packet capture; steady: packets / (wall - "
               "start-up); 'steady vs us' 1/N: N times slower than bigtcp-pcap analyze --no-audit.")
     finally:
