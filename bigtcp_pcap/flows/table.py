@@ -99,43 +99,43 @@ def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap
             max_end[f] = e
 
 
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
 @njit(cache=True, inline="always")
-def _digest(ver, src, dst, sport, dport, i):
-    """64-bit FNV-1a of (version, src, dst, sport, dport) of row i: the flow direction key."""
-    h = np.uint64(0xCBF29CE484222325)
-    p = np.uint64(0x100000001B3)
-    h = (h ^ np.uint64(ver[i])) * p
-    for k in range(16):
-        h = (h ^ np.uint64(src[i, k])) * p
-    for k in range(16):
-        h = (h ^ np.uint64(dst[i, k])) * p
-    h = (h ^ np.uint64(sport[i] >> 8)) * p
-    h = (h ^ np.uint64(sport[i] & 0xFF)) * p
-    h = (h ^ np.uint64(dport[i] >> 8)) * p
-    return (h ^ np.uint64(dport[i] & 0xFF)) * p
+def _mix(h, x):
+    h = (h ^ x) * _M1
+    h ^= h >> np.uint64(31)
+    h *= _M2
+    return h ^ (h >> np.uint64(29))
 
 
 @njit(cache=True, entry=True)
 def assign_kernel(ver, src, dst, sport, dport, mask, start, tab_d, tab_id, st, fid, new_rows):
-    """flow_id of each ``mask`` row from ``start`` on (-1 elsewhere), by its digest in the open-addressing table
-    (``tab_d`` digests, ``tab_id`` ids, -1 empty; a power of 2, kept at most half full). A digest not seen before
-    gets the next id (st[0]) and its row goes to ``new_rows`` (st[1] of them). Returns the row where it stopped:
-    len(mask) when done, less when the table must grow first."""
+    """flow_id of each ``mask`` row from ``start`` on (-1 elsewhere), by a 64-bit digest of (version, src, dst,
+    sport, dport) in an open-addressing table (``tab_d`` digests, ``tab_id`` ids, -1 empty; a power of 2 kept at
+    most half full). ``src``/``dst`` are the address columns viewed as two uint64 words per row. A digest not seen
+    before gets the next id (st[0]) and its row goes to ``new_rows`` (st[1] of them). Returns the row where it
+    stopped: len(mask) when done, less when the table must grow first."""
     n = mask.shape[0]
     size = tab_d.shape[0]
     nflows = st[0]
     nnew = st[1]
-    prev_h = np.uint64(0)
+    pw = np.uint64(0)
+    ps0 = ps1 = pd0 = pd1 = np.uint64(0)
     prev_id = -1
     for i in range(start, n):
         if not mask[i]:
             fid[i] = -1
             continue
-        h = _digest(ver, src, dst, sport, dport, i)
-        if prev_id >= 0 and h == prev_h:  # bursts of one flow skip the table
-            fid[i] = prev_id
+        w = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(sport[i]) << np.uint64(16)) | np.uint64(dport[i])
+        s0, s1, d0, d1 = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
+        if prev_id >= 0 and w == pw and s0 == ps0 and s1 == ps1 and d0 == pd0 and d1 == pd1:
+            fid[i] = prev_id  # bursts of one flow skip the digest and the table
             continue
-        j = np.int64((h ^ (h >> np.uint64(29))) & np.uint64(size - 1))
+        h = _mix(_mix(_mix(_mix(_mix(np.uint64(0x6A09E667F3BCC908), w), s0), s1), d0), d1)
+        j = np.int64(h & np.uint64(size - 1))
         while True:
             g = tab_id[j]
             if g < 0:
@@ -154,8 +154,8 @@ def assign_kernel(ver, src, dst, sport, dport, mask, start, tab_d, tab_id, st, f
                 break
             j = (j + 1) & (size - 1)
         fid[i] = g
-        prev_h = h
         prev_id = g
+        pw, ps0, ps1, pd0, pd1 = w, s0, s1, d0, d1
     st[0] = nflows
     st[1] = nnew
     return n
@@ -169,7 +169,7 @@ def rehash_kernel(old_d, old_id, tab_d, tab_id):
         if old_id[k] < 0:
             continue
         h = old_d[k]
-        j = np.int64((h ^ (h >> np.uint64(29))) & np.uint64(size - 1))
+        j = np.int64(h & np.uint64(size - 1))
         while tab_id[j] >= 0:
             j = (j + 1) & (size - 1)
         tab_d[j] = h
@@ -249,10 +249,12 @@ class FlowTable:
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
         new_rows = np.empty(n, np.int64)
         st = np.array([len(self.keys), 0], np.int64)
+        src = np.ascontiguousarray(pb.src).view(np.uint64)  # (n, 2) words
+        dst = np.ascontiguousarray(pb.dst).view(np.uint64)
         i = 0
         while True:
-            i = assign_kernel(pb.ip_version, pb.src, pb.dst, pb.sport, pb.dport, tcp, i, self._tab_d, self._tab_id,
-                              st, fid, new_rows)
+            i = assign_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, i, self._tab_d, self._tab_id, st,
+                              fid, new_rows)
             if i >= n:
                 break
             tab_d = np.zeros(2 * self._tab_d.shape[0], np.uint64)
