@@ -143,11 +143,21 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     error: CaptureError | None = None
     audits = FilterAudits(filters, enabled=audit)
 
-    def emit_superpackets(spb) -> None:
+    pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
+    pending_rows = 0
+
+    def emit_superpackets(spb, final: bool = False) -> None:
+        nonlocal pending_rows
         if len(spb):
-            flows.add_superpackets(spb.flow_id, spb.payload_len)
-            stats.add_superpackets(spb)
-            sink_sp.write_columns(superpackets_columns(spb, flows))
+            pending_sp.append(spb)
+            pending_rows += len(spb)
+        if pending_sp and (final or pending_rows >= P.TableSink.ROW_GROUP):
+            rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
+            pending_sp.clear()
+            pending_rows = 0
+            flows.add_superpackets(rows.flow_id, rows.payload_len)
+            stats.add_superpackets(rows)
+            sink_sp.write_columns(superpackets_columns(rows, flows))
 
     try:
         for rb in reader:
@@ -155,7 +165,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             fid = flows.assign(pb)
             flows.update(pb, fid)
             stats.add(pb, fr)
-            sink_findings.write_columns(_finding_columns(fr))
+            if len(fr):
+                sink_findings.write_columns(_finding_columns(fr))
             if sink_packets is not None:
                 sink_packets.write(P.packets_table(pb, fid))
             emit_superpackets(engine.feed(pb, fid))
@@ -167,7 +178,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         sink_findings.write_columns({"frame": [e.frame or 0], "code": [F.BY_ID[F.CAPTURE_PARTIAL].code],
                                      "severity": [F.ERROR], "message": [e.one_line()]})
         stats.findings[F.BY_ID[F.CAPTURE_PARTIAL].code] += 1
-    emit_superpackets(engine.flush())
+    emit_superpackets(engine.flush(), final=True)
 
     flow_cols = flows.columns()
     _suspect_filtered_capture(flow_cols, stats, sink_findings)
