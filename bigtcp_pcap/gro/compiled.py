@@ -47,6 +47,7 @@ from ..decode.schema import (
     BIGTCP_NONE,
     BIGTCP_V4_TOTLEN0,
     BIGTCP_V6_PLEN0,
+    ST_TRUNC_L4,
     TH_CWR,
     TH_FIN,
     TH_PSH,
@@ -58,7 +59,17 @@ from ..decode.schema import (
 from . import reasons as R
 from .config import GRO_LEGACY_MAX_SIZE, GroConfig
 from .engine import ALONE_FLAGS, IPV6_MAXPLEN, M32, NO_LIMIT, ORED_FLAGS, GroEngine, _poll_marks
-from .prepare import KIND_ALONE, KIND_TCP, Prepared, flow_hash_of, prepare
+from .prepare import (
+    ETH_MIN_FRAME,
+    KIND_ALONE,
+    KIND_OTHER,
+    KIND_TCP,
+    NO_GRO_STATUS,
+    Prepared,
+    flow_hash_of,
+    ignored_flag_bits,
+    prepare,
+)
 from .superpacket import COLUMN_TYPES, SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
 
 BIG = 1 << 62  # max_gro_skbs = inf, poll_gap_us = inf
@@ -630,6 +641,59 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
     return n
 
 
+@njit(cache=True, entry=True)
+def _prepare_kernel(ver, l4_proto, fid, status, ip_hdr_len, tunnel, ip_len_field, wirelen, l3_off, ip_evil,
+                    tcp_hdr_len, tcp_flags, tcp_win, ttl, tos, df, l2_hash, vlan, if_id, src, dst, sport, dport,
+                    flow_label, ext_hash, cfg, kind, flushmark, flagword, l3word, hdr_len, c1, c6, c7):
+    """``prepare.prepare`` (dedupe=False, row_hash=False) in one pass: the same columns, computed per row.
+    cfg = [flag bits kept, treat_padding_as_flush]. Key columns 0, 2-5 and 8 are the batch's own arrays."""
+    keep = cfg[0]
+    pad_flush = cfg[1] != 0
+    for i in range(ver.shape[0]):
+        v = ver[i]
+        v4 = v == 4
+        v6 = v == 6
+        st = np.int64(status[i])
+        tcp = (v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and (st & NO_GRO_STATUS) == 0
+        giveup = tcp and ((v4 and ip_hdr_len[i] != 20) or (st & ST_TRUNC_L4) != 0 or tunnel[i] != 0)
+        kind[i] = KIND_ALONE if giveup else (KIND_TCP if tcp else KIND_OTHER)
+        declared = np.int64(ip_len_field[i]) + (40 if v6 else 0)
+        l3o = np.int64(l3_off[i])
+        frame_l3 = np.int64(wirelen[i]) - l3o
+        mism = declared != frame_l3
+        if mism and not pad_flush and declared > 0 and declared < frame_l3 and l3o + declared < ETH_MIN_FRAME:
+            mism = False
+        flushmark[i] = mism or (v4 and ip_evil[i] != 0)
+        flagword[i] = ((np.int64(tcp_hdr_len[i]) >> 2) << 28) | ((np.int64(tcp_flags[i]) & keep) << 16) \
+            | np.int64(tcp_win[i])
+        l3word[i] = (np.int64(ttl[i]) << 16) | (np.int64(tos[i]) << 8) | (np.int64(df[i]) if v4 else 0)
+        hdr_len[i] = np.int64(ip_hdr_len[i]) + np.int64(tcp_hdr_len[i])
+        c1[i] = (np.uint64(vlan[i]) << np.uint64(32)) | np.uint64(if_id[i])
+        c6[i] = (np.uint64(v) << np.uint64(48)) | (np.uint64(l4_proto[i]) << np.uint64(32)) \
+            | (np.uint64(sport[i]) << np.uint64(16)) | np.uint64(dport[i])
+        c7[i] = np.uint64(flow_label[i]) if v6 else np.uint64(0)
+
+
+def prepare_compiled(b: PacketBatch, fid: np.ndarray, cfg: GroConfig) -> Prepared:
+    """``prepare(b, fid, cfg, dedupe=False, row_hash=False)`` computed by one compiled pass (the compiled engine's
+    input; tests/gro/test_compiled.py checks it equals the vectorized original on every kernel capture)."""
+    n = len(b)
+    kind = np.empty(n, np.int8)
+    flushmark = np.empty(n, np.bool_)
+    flagword, l3word, hdr_len = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    c1, c6, c7 = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    src = np.ascontiguousarray(b.src).view(np.uint64).reshape(n, 2)
+    dst = np.ascontiguousarray(b.dst).view(np.uint64).reshape(n, 2)
+    c = np.array([0x1FF & ~ignored_flag_bits(cfg), int(cfg.treat_padding_as_flush)], np.int64)
+    _prepare_kernel(b.ip_version, b.l4_proto, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
+                    b.l3_off, b.ip_evil, b.tcp_hdr_len, b.tcp_flags, b.tcp_win, b.ttl, b.tos, b.df, b.l2_hash, b.vlan,
+                    b.if_id, src, dst, b.sport, b.dport, b.flow_label, b.ext_hash, c, kind, flushmark, flagword,
+                    l3word, hdr_len, c1, c6, c7)
+    z = np.zeros(0, np.int64)
+    key_cols = (b.l2_hash, c1, src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], c6, c7, b.ext_hash)
+    return Prepared(kind, flushmark, flagword, l3word, hdr_len, None, z, z, z, np.zeros((0, 9), np.uint64), key_cols)
+
+
 # ============================================================================================================
 # the engine
 # ============================================================================================================
@@ -709,7 +773,8 @@ class CompiledGroEngine:
         fid = flow_id.astype(np.int64, copy=False)
         nqc = self.config.rx_queues
         # the per-row flow hash only picks the RX queue; with one queue, new keys are hashed in _new_gids
-        prep = prepare(batch, fid, self.config, dedupe=False, row_hash=nqc > 1)
+        prep = prepare(batch, fid, self.config, dedupe=False, row_hash=True) if nqc > 1 \
+            else prepare_compiled(batch, fid, self.config)
         qrow = batch.if_id.astype(np.int64)
         if nqc > 1:  # RX queue per packet: per capture interface, (flow hash >> 32) % rx_queues (RSS stand-in)
             qrow = qrow * nqc + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nqc)).astype(np.int64)

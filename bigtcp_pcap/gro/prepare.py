@@ -33,7 +33,7 @@ KIND_TCP = 2  # goes through tcp_gro_receive
 
 ETH_MIN_FRAME = 60  # frames shorter than this are padded on Ethernet (without FCS)
 
-_NO_GRO_STATUS = ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_MALFORMED | ST_IP_FRAGMENT | ST_L4_UNKNOWN | ST_TRUNC_L2 | ST_TRUNC_L3
+NO_GRO_STATUS = ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_MALFORMED | ST_IP_FRAGMENT | ST_L4_UNKNOWN | ST_TRUNC_L2 | ST_TRUNC_L3
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -92,7 +92,7 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
     status = b.status.astype(np.int64)
 
     # R3/R5/R9/R12: which packets reach tcp_gro_receive at all.
-    tcp = (v4 | v6) & (b.l4_proto == 6) & (flow_id >= 0) & ((status & _NO_GRO_STATUS) == 0)
+    tcp = (v4 | v6) & (b.l4_proto == 6) & (flow_id >= 0) & ((status & NO_GRO_STATUS) == 0)
     # R5: IPv4 first byte must be 0x45 (no options); R12: the TCP header must be complete in our data;
     # R19: tunnels are out of scope for this model -> treated as give-up (delivered alone).
     giveup = tcp & ((v4 & (b.ip_hdr_len != 20)) | ((status & ST_TRUNC_L4) != 0) | (b.tunnel != 0))

@@ -35,7 +35,8 @@ from bigtcp_pcap.decode.schema import (
 )
 from bigtcp_pcap.flows.table import FlowTable
 from bigtcp_pcap.gro import GroConfig, GroEngine, SuperPacketBatch
-from bigtcp_pcap.gro.compiled import CompiledGroEngine
+from bigtcp_pcap.gro.compiled import CompiledGroEngine, prepare_compiled
+from bigtcp_pcap.gro.prepare import KIND_TCP, prepare
 from bigtcp_pcap.gro.superpacket import COLUMN_TYPES
 from bigtcp_pcap.gro.synth import build_batch
 
@@ -490,3 +491,39 @@ def test_many_flow_keys_grow_the_key_table():
     eng = CompiledGroEngine(cfg)
     eng.feed(pb, fid)
     assert eng._ngid > 3000
+
+
+_PREP_CONFIGS = [GroConfig(), GroConfig(kernel="7.0", treat_padding_as_flush=False)]
+
+
+def _assert_prepared_equal(pb: PacketBatch, fid: np.ndarray, label: str) -> None:
+    for cfg in _PREP_CONFIGS:
+        want = prepare(pb, fid, cfg, dedupe=False, row_hash=False)
+        got = prepare_compiled(pb, fid, cfg)
+        for name in ("kind", "flushmark", "flagword", "l3word", "hdr_len"):
+            w, g = getattr(want, name), getattr(got, name)
+            assert g.dtype == w.dtype and np.array_equal(g, w), f"{label}: {name} ({cfg.kernel})"
+        assert len(got.key_cols) == len(want.key_cols) == 9
+        for j, (w, g) in enumerate(zip(want.key_cols, got.key_cols, strict=True)):
+            assert g.dtype == w.dtype and np.array_equal(g, w), f"{label}: key column {j}"
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_compiled_prepare_equals_the_vectorized_one_on_kernel_captures(capture):
+    pb, fid = load_capture(capture)
+    assert (prepare_compiled(pb, fid, GroConfig()).kind == KIND_TCP).any()
+    _assert_prepared_equal(pb, fid, capture)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:10])
+def test_compiled_prepare_equals_the_vectorized_one_on_synthetic_streams(seed):
+    pb, fid = synth_stream(seed, 400)
+    r = np.random.default_rng(seed)
+    # vary what prepare looks at beyond what the stream generator sets
+    pb.ip_evil[r.random(len(pb)) < 0.05] = 1
+    pb.tunnel[r.random(len(pb)) < 0.05] = 1
+    pb.status[r.random(len(pb)) < 0.05] |= ST_TRUNC_L4
+    pb.status[r.random(len(pb)) < 0.05] |= ST_IP_FRAGMENT
+    pb.wirelen[r.random(len(pb)) < 0.1] = 60
+    fid[r.random(len(pb)) < 0.05] = -1
+    _assert_prepared_equal(pb, fid, f"seed {seed}")
