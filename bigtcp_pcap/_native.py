@@ -54,6 +54,9 @@ def _load_aot() -> tuple[Any, dict, str]:
         return None, {}, "jit (ahead-of-time kernels not built: python -m bigtcp_pcap.build_kernels)"
     if spec.get("source_sha256") != source_digest(spec.get("sources", [])):
         return None, {}, "jit (ahead-of-time kernels are stale: python -m bigtcp_pcap.build_kernels)"
+    if str(spec.get("numpy", "")).split(".")[:2] != np.__version__.split(".")[:2]:
+        return None, {}, (f"jit (ahead-of-time kernels were built with numpy {spec.get('numpy')}, this is "
+                          f"{np.__version__}: python -m bigtcp_pcap.build_kernels)")
     try:
         from . import _kernels  # type: ignore[attr-defined]
     except ImportError as e:

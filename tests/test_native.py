@@ -103,7 +103,7 @@ def test_unseen_argument_types_run_on_the_jit():
 
 
 @pytest.mark.skipif(_native.MODE != "aot", reason="the ahead-of-time kernels are not built")
-def test_edited_kernel_source_makes_the_module_stale(tmp_path, monkeypatch):
+def test_edited_sources_or_another_numpy_make_the_module_stale(tmp_path, monkeypatch):
     spec = json.loads(_native.SPEC_FILE.read_text())
     assert {"capture/walk.py", "decode/kernel.py", "flows/table.py", "gro/compiled.py"} <= set(spec["sources"])
     assert spec["source_sha256"] == _native.source_digest(spec["sources"])
@@ -112,6 +112,10 @@ def test_edited_kernel_source_makes_the_module_stale(tmp_path, monkeypatch):
     monkeypatch.setattr(_native, "PKG", copy)
     monkeypatch.setattr(_native, "SPEC_FILE", copy / "_kernels.json")
     assert _native._load_aot()[2] == "aot"  # the same sources
+    other = dict(spec, numpy="1.26.4")  # built against another numpy: not trusted either
+    (copy / "_kernels.json").write_text(json.dumps(other))
+    assert "numpy 1.26.4" in _native._load_aot()[2]
+    (copy / "_kernels.json").write_text(json.dumps(spec))
     kernel = copy / "gro" / "compiled.py"
     kernel.write_text(kernel.read_text().replace("BIG = 1 << 62", "BIG = 1 << 61"))
     assert "stale" in _native._load_aot()[2]
