@@ -60,6 +60,8 @@ def analyze(
     plots: Annotated[bool, typer.Option("--plots", help="also write PNG plots to OUTDIR/plots")] = False,
     wireshark_sidecar: Annotated[bool, typer.Option(
         "--wireshark-sidecar", help="also write OUTDIR/<capture>.bigtcp.tsv for the Wireshark plugin")] = False,
+    sha256: Annotated[bool, typer.Option(
+        "--sha256", help="record the capture file's SHA-256 in the tables' metadata (~0.6 s per GiB)")] = False,
 ) -> None:
     """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
 
@@ -85,7 +87,8 @@ def analyze(
     try:
         with progress_bar(show, err) as cb:
             result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=cb, filters=filters,
-                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar, gro_engine=gro_engine)
+                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar, gro_engine=gro_engine,
+                         sha256=sha256)
     except CaptureError as e:  # could not even start (missing file, not a capture)
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
     except UsageError as e:  # a bad filter expression, libpcap missing for an explicit --filter

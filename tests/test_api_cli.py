@@ -33,7 +33,7 @@ def test_api_and_cli_give_identical_tables(tmp_path):
 
 def test_provenance_metadata(tmp_path):
     cap = KERNEL / "v4_185000.rcv.pcap"
-    a = analyze(cap, outdir=tmp_path, packets=True, gro_max_size=185000, gro_ipv4_max_size=185000)
+    a = analyze(cap, outdir=tmp_path, packets=True, gro_max_size=185000, gro_ipv4_max_size=185000, sha256=True)
     n_frames = len(tshark_fields(cap, ["frame.number"]))
     assert a.info.packets == n_frames and not a.partial
     for name in ("packets", "superpackets", "flows", "findings"):
@@ -47,6 +47,18 @@ def test_provenance_metadata(tmp_path):
         assert m["partial"] is False and m["error"] is None
         assert m["params"]["gro"]["gro_max_size"] == 185000
         assert m["params"]["gro"]["effective_gro_ipv4_max_size"] == 185000
+
+
+def test_sha256_only_when_asked(tmp_path):
+    cap = KERNEL / "v6_185000.rcv.pcap"
+    analyze(cap, outdir=tmp_path / "plain", audit=False)
+    assert read_metadata(tmp_path / "plain" / "flows.parquet")["source_sha256"] is None
+    res = CliRunner().invoke(app, ["analyze", str(cap), "-o", str(tmp_path / "cli"), "--sha256", "--no-audit",
+                                   "--no-progress"])
+    assert res.exit_code in (0, 1), res.output
+    want = hashlib.sha256(cap.read_bytes()).hexdigest()
+    for name in ("superpackets", "flows", "findings"):
+        assert read_metadata(tmp_path / "cli" / f"{name}.parquet")["source_sha256"] == want
 
 
 @pytest.mark.parametrize("capture", ["v6_185000.rcv.pcap", "v4_185000.snd.pcap", "mixed_185000.rcv.pcap"])

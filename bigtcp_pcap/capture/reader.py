@@ -65,7 +65,7 @@ class CaptureInfo:
     packets: int = 0
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
-    sha256: str | None = None
+    sha256: str | None = None  # of the file as stored, when the reader was asked for it
     error: CaptureError | None = None
 
     @property
@@ -77,8 +77,8 @@ class CaptureReader:
     """Iterate ``RecordBatch`` objects from a capture; ``info`` fills in as it goes."""
 
     def __init__(self, source: str | os.PathLike | BinaryIO, *, name: str | None = None,
-                 chunk_size: int = DEFAULT_CHUNK, batch_size: int = DEFAULT_BATCH):
-        self.src = Source(source, name=name)
+                 chunk_size: int = DEFAULT_CHUNK, batch_size: int = DEFAULT_BATCH, sha256: bool = False):
+        self.src = Source(source, name=name, sha256=sha256)
         self.info = CaptureInfo(name=self.src.name, size=self.src.size, compression=self.src.compression)
         self.chunk_size = chunk_size
         self.batch_size = batch_size

@@ -1,7 +1,7 @@
 """Opening a capture source: a path, ``-`` for stdin, or a binary file object; compression by magic bytes.
 
 The stream handed to the record walk is always uncompressed. The raw (possibly compressed) bytes pass through
-``HashingReader`` so that the SHA-256 and the byte position for the progress bar come for free.
+``HashingReader``, which counts them (the progress bar's position) and, when asked, takes their SHA-256.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ COMPRESSION_MAGICS = (
 
 
 class HashingReader(io.RawIOBase):
-    """A raw reader that hashes every byte it hands out and counts them."""
+    """A raw reader that counts the bytes it hands out and, with ``sha256=True``, hashes them."""
 
-    def __init__(self, raw: BinaryIO, head: bytes = b""):
+    def __init__(self, raw: BinaryIO, head: bytes = b"", sha256: bool = False):
         self._raw = raw
         self._head = head  # bytes already peeked from a non-seekable stream
-        self.sha256 = hashlib.sha256()
+        self.sha256 = hashlib.sha256() if sha256 else None
         self.position = 0
 
     def readable(self) -> bool:
@@ -48,7 +48,8 @@ class HashingReader(io.RawIOBase):
             n = self._raw.readinto(mv)
             if not n:
                 return 0
-        self.sha256.update(mv[:n])
+        if self.sha256 is not None:
+            self.sha256.update(mv[:n])
         self.position += n
         return n
 
@@ -56,7 +57,7 @@ class HashingReader(io.RawIOBase):
 class Source:
     """An open capture stream: ``stream`` gives the uncompressed bytes."""
 
-    def __init__(self, source: str | os.PathLike | BinaryIO, *, name: str | None = None):
+    def __init__(self, source: str | os.PathLike | BinaryIO, *, name: str | None = None, sha256: bool = False):
         self._close = None
         if isinstance(source, (str, os.PathLike)) and str(source) == "-":
             raw = sys.stdin.buffer
@@ -79,7 +80,7 @@ class Source:
             self.name = name or getattr(source, "name", "<stream>")
             self.size = None
         head = _read_exactly(raw, 6)
-        self.raw = HashingReader(raw, head)
+        self.raw = HashingReader(raw, head, sha256=sha256)
         self.compression = next((kind for magic, kind in COMPRESSION_MAGICS if head.startswith(magic)), None)
         buffered = io.BufferedReader(self.raw, buffer_size=1 << 20)
         # what a damaged compressed stream raises while it is read (turned into a CaptureError by the reader)
@@ -106,11 +107,13 @@ class Source:
         """Raw (compressed, as stored) bytes consumed so far."""
         return self.raw.position
 
-    def sha256_hex(self) -> str:
-        return self.raw.sha256.hexdigest()
+    def sha256_hex(self) -> str | None:
+        return self.raw.sha256.hexdigest() if self.raw.sha256 is not None else None
 
     def drain(self) -> None:
         """Read the raw input to its end so that the SHA-256 covers the whole file."""
+        if self.raw.sha256 is None:
+            return
         buf = bytearray(1 << 20)
         try:
             while self.raw.readinto(buf):
