@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -128,8 +129,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     cfg = gro or GroConfig(**gro_params)
     tmp = None
     if outdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="bigtcp-pcap-")
-        out = Path(tmp.name)
+        # removed when the Analysis is garbage-collected (or at exit): the tables live as long as it does
+        out = Path(tempfile.mkdtemp(prefix="bigtcp-pcap-"))
+        tmp = out
     else:
         out = Path(outdir)
         out.mkdir(parents=True, exist_ok=True)
@@ -207,7 +209,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             s.close(meta)
     summary = stats.summary(info, flow_cols, error, cfg)
     summary["filter_audit"] = audits.summary(audit_results)
-    result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error, _tmp=tmp)
+    result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
+    if tmp is not None:
+        result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)
     if wireshark_sidecar:
         from .wireshark.build import write_analysis_sidecar
 
