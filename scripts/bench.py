@@ -129,9 +129,10 @@ def _on(cmd: list[str], path: Path) -> list[str]:
 
 
 def measure(name: str, cmd: list[str], cap: Path, packets: int, repeat: int) -> dict:
-    """Best of ``repeat`` runs on ``cap``, plus the tool's fixed start-up: its best of 3 runs on ``SMALL``."""
+    """Best of ``repeat`` runs on ``cap``, plus the tool's fixed start-up: its best of max(5, 2 * repeat) runs on
+    ``SMALL`` (short runs are the noisier ones, and steady = packets / (wall - start-up) amplifies their noise)."""
     best = min((run(name, _on(cmd, cap), packets) for _ in range(repeat)), key=lambda r: r["seconds"])
-    fixed = min(run(name, _on(cmd, SMALL), SMALL_PACKETS)["seconds"] for _ in range(3))
+    fixed = min(run(name, _on(cmd, SMALL), SMALL_PACKETS)["seconds"] for _ in range(max(5, 2 * repeat)))
     best["startup"] = fixed
     best["steady"] = packets / max(best["seconds"] - fixed, 1e-9) if best["pps"] else 0.0
     return best
@@ -226,8 +227,9 @@ def main() -> int:
         steal = 100 * (steal1[0] - steal0[0]) / max(steal1[1] - steal0[1], 1)
         print(f"\nCPU steal during the runs (time the hypervisor gave to other guests): {steal:.1f} %")
         print(f"{packets:,} packets, {cap.stat().st_size / 2**20:.0f} MiB. wall: best of {args.repeat} runs (1 for "
-              "tshark and dpkt); start-up: the same command on a 147-packet capture; steady: packets / (wall - "
-              "start-up); 'steady vs us' 1/N: N times slower than bigtcp-pcap analyze --no-audit.")
+              f"tshark and dpkt); start-up: the same command on a 147-packet capture (best of "
+              f"{max(5, 2 * args.repeat)}); steady: packets / (wall - start-up); 'steady vs us' 1/N: N times slower "
+              "than bigtcp-pcap analyze --no-audit.")
     finally:
         if args.keep:
             print(f"kept {work}")
