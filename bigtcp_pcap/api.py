@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from . import __version__
+from . import __version__, _native
 from . import findings as F
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
@@ -209,6 +209,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             s.close(meta)
     summary = stats.summary(info, flow_cols, error, cfg)
     summary["filter_audit"] = audits.summary(audit_results)
+    summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
     if tmp is not None:
         result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)

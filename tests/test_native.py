@@ -42,7 +42,8 @@ from pathlib import Path
 from bigtcp_pcap import analyze, _native
 out = Path(sys.argv[1])
 for i, cap in enumerate(sys.argv[2:]):
-    analyze(cap, outdir=out / str(i), packets=True)
+    a = analyze(cap, outdir=out / str(i), packets=True)
+    assert a.summary["kernels"] == _native.MODE
 print(json.dumps({"mode": _native.MODE, "fallbacks": _native.fallbacks,
                   "modules": [m for m in ("numba", "llvmlite", "pandas", "matplotlib") if m in sys.modules]}))
 """
