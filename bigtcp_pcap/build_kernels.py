@@ -174,6 +174,7 @@ def build(out_dir: Path) -> dict:
     cc = CC("_kernels")
     cc.output_dir = str(out_dir)
     cc.verbose = False
+    cc.use_nrt = False  # like the JIT (_native.njit): the kernels never allocate, so no refcount atomics
     exports: dict[str, list[dict]] = {}
     for modname in _native.KERNEL_MODULES:
         mod = importlib.import_module(modname)
