@@ -12,7 +12,7 @@ Conventions
   16 bits. ``ip_len`` is always the true L3 length, from the jumbo option or from the frame's original length
   (wirelen), never from caplen.
 * Addresses are 16 bytes per row (IPv4 in the first 4 bytes, rest zero); ``ip_version`` tells which.
-* ``*_hash`` columns are 64-bit FNV-1a digests of variable-length byte runs (the MAC header, IPv6 extension
+* ``*_hash`` columns are 64-bit digests (``kernel.digest``) of variable-length byte runs (the MAC header, IPv6 extension
   headers, TCP options) so that the GRO engine can compare them byte-for-byte (gro-spec R4, R10, R14.4)
   without keeping the packet buffer.
 """
