@@ -27,7 +27,7 @@ PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multipli
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
 PCAPNG_BOM = 0x1A2B3C4D
 DEFAULT_CHUNK = 4 << 20
-DEFAULT_BATCH = 16384
+DEFAULT_BATCH = 65536
 
 
 @dataclass
