@@ -17,18 +17,25 @@ OK, NEED, STOP_BLOCK, BAD_CAPLEN, BAD_BLOCK_LEN, BAD_TRAILER, BAD_IF, BAD_EPB_LE
 PCAPNG_SHB, PCAPNG_IDB, PCAPNG_PB, PCAPNG_SPB, PCAPNG_EPB = 0x0A0D0D0A, 1, 2, 3, 6
 
 
+# Reads use an unsigned index: numba wraps negative signed indices around, which costs a compare and select per
+# byte read, and positions here are never negative.
 @njit(cache=True, inline="always")
 def rd16(d, p, be):
+    u = np.uint64(p)
+    a, b = np.uint32(d[u]), np.uint32(d[u + np.uint64(1)])
     if be:
-        return (np.uint32(d[p]) << 8) | np.uint32(d[p + 1])
-    return (np.uint32(d[p + 1]) << 8) | np.uint32(d[p])
+        return (a << 8) | b
+    return (b << 8) | a
 
 
 @njit(cache=True, inline="always")
 def rd32(d, p, be):
+    u = np.uint64(p)
+    a, b = np.uint32(d[u]), np.uint32(d[u + np.uint64(1)])
+    c, e = np.uint32(d[u + np.uint64(2)]), np.uint32(d[u + np.uint64(3)])
     if be:
-        return (np.uint32(d[p]) << 24) | (np.uint32(d[p + 1]) << 16) | (np.uint32(d[p + 2]) << 8) | np.uint32(d[p + 3])
-    return (np.uint32(d[p + 3]) << 24) | (np.uint32(d[p + 2]) << 16) | (np.uint32(d[p + 1]) << 8) | np.uint32(d[p])
+        return (a << 24) | (b << 16) | (c << 8) | e
+    return (e << 24) | (c << 16) | (b << 8) | a
 
 
 @njit(cache=True, entry=True)
