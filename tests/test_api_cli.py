@@ -154,3 +154,27 @@ def test_tables_of_an_earlier_run_do_not_survive(tmp_path):
     a = analyze(KERNEL / "v6_65536.rcv.pcap", outdir=tmp_path, audit=False)
     assert not (tmp_path / "packets.parquet").exists() and not (tmp_path / "filter_audit.parquet").exists()
     assert a.packets is None and a.filter_audit is None
+
+
+def test_take_strings_equals_arrow_take():
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute  # noqa: F401 - the oracle; the pipeline itself avoids importing it
+
+    from bigtcp_pcap.output.arrow import take_strings
+
+    rng = np.random.default_rng(7)
+    values = ["fd00::1", None, "10.0.0.1", "", "2001:db8::ffff:1", "é"]
+    for n in (0, 1, 1000):
+        idx = rng.integers(0, len(values), n)
+        got = take_strings(values, idx)
+        got.validate(full=True)
+        assert got.equals(pa.array(values, pa.string()).take(pa.array(idx)))
+
+
+def test_superpacket_addresses_are_their_flows(tmp_path):
+    a = analyze(KERNEL / "v6_185000.snd.pcap", outdir=tmp_path)
+    sp, flows = a.superpackets, a.flows.set_index("flow_id")
+    assert len(sp) > 50 and sp.flow_id.nunique() >= 2
+    assert (sp.src.to_numpy() == flows.loc[sp.flow_id, "src"].to_numpy()).all()
+    assert (sp.dst.to_numpy() == flows.loc[sp.flow_id, "dst"].to_numpy()).all()

@@ -89,6 +89,7 @@ def audit_rows(result) -> pa.Table:
     """Rows of filter_audit.parquet for one expression: the frames whose verdict is not ok."""
     t = result.frames_table()
     bad = np.asarray(result.verdict) != OK
-    t = t.filter(A.array(bad, pa.bool_()))
+    if not bad.all():  # the audit keeps only frames that are not ok; Table.filter imports pyarrow.compute
+        t = t.filter(A.array(bad, pa.bool_()))
     return pa.table({"frame": t.column("frame"), "filter": A.array([result.expr] * t.num_rows, pa.string()),
                      "verdict": t.column("verdict"), "reason": t.column("reason")}, schema=AUDIT_SCHEMA)

@@ -25,12 +25,12 @@ def superpackets_columns(spb, flows) -> dict:
     # addresses: one string per distinct flow, spread to the rows with a vectorized take
     uniq, inv = np.unique(fid, return_inverse=True)
     keys = [flows.key(f)[:2] if f >= 0 else (None, None) for f in uniq.tolist()]
-    idx = A.array(inv.ravel().astype(np.int32), pa.int32())
+    idx = inv.ravel()
     names = spb.reason_names
     return {
         "flow_id": fid,
-        "src": A.array([k[0] for k in keys], pa.string()).take(idx),
-        "dst": A.array([k[1] for k in keys], pa.string()).take(idx),
+        "src": A.take_strings([k[0] for k in keys], idx),
+        "dst": A.take_strings([k[1] for k in keys], idx),
         "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
         "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
         "bigtcp": A.dictionary(spb.bigtcp, BIGTCP_NAMES),
