@@ -159,7 +159,7 @@ def test_tables_of_an_earlier_run_do_not_survive(tmp_path):
 def test_take_strings_equals_arrow_take():
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute  # noqa: F401 - the oracle; the pipeline itself avoids importing it
+    import pyarrow.compute  # the oracle (Array.take); the pipeline itself avoids importing it
 
     from bigtcp_pcap.output.arrow import take_strings
 
