@@ -141,7 +141,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     info = reader.info
     flows = FlowTable()
     engine = make_engine(gro_engine, cfg)
-    sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA) if packets else None
+    sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA, background=True) if packets else None
     sink_findings = P.TableSink(out / "findings.parquet", P.FINDINGS_SCHEMA)
     sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
     stats = _Stats()

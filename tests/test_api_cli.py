@@ -178,3 +178,27 @@ def test_superpacket_addresses_are_their_flows(tmp_path):
     assert len(sp) > 50 and sp.flow_id.nunique() >= 2
     assert (sp.src.to_numpy() == flows.loc[sp.flow_id, "src"].to_numpy()).all()
     assert (sp.dst.to_numpy() == flows.loc[sp.flow_id, "dst"].to_numpy()).all()
+
+
+def test_background_sink_writes_the_same_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    from bigtcp_pcap.api import iter_batches
+    from bigtcp_pcap.flows.table import FlowTable
+    from bigtcp_pcap.output import parquet as P
+
+    flows = FlowTable()
+    tables = [P.packets_table(pb, flows.assign(pb)) for pb, _ in iter_batches(KERNEL / "v6_185000.snd.pcap",
+                                                                             batch_size=100)]
+    assert len(tables) > 5
+    for background in (False, True):
+        sink = P.TableSink(tmp_path / f"{background}.parquet", P.PACKETS_SCHEMA, background=background)
+        sink.ROW_GROUP = 150  # many row groups, so several are in flight on the writer thread
+        for t in tables:
+            sink.write(t)
+        sink.close({"run": 1})
+    a, b = (pq.ParquetFile(tmp_path / f"{bg}.parquet") for bg in (False, True))
+    assert a.metadata.num_rows == sum(t.num_rows for t in tables)
+    assert a.metadata.num_row_groups == b.metadata.num_row_groups > 3
+    assert a.read().equals(b.read())
+    assert P.read_metadata(tmp_path / "True.parquet") == {"run": 1}

@@ -8,6 +8,8 @@ is it known whether the run was partial.
 from __future__ import annotations
 
 import json
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -83,11 +85,17 @@ class TableSink:
 
     Small tables are buffered and written as row groups of about ``ROW_GROUP`` rows: fewer, larger row groups
     are faster to write and to scan, and the buffer bounds memory.
+
+    ``background=True`` encodes and compresses the row groups on a writer thread (pyarrow releases the GIL
+    while it writes), overlapping them with the decoding of the next batch; at most two row groups are in
+    flight, so memory stays bounded, and a write error is raised by the next ``write`` or by ``close``. The
+    packets table uses it: its encoding is ~40 % of a ``--packets`` run.
     """
 
     ROW_GROUP = 1 << 15
+    IN_FLIGHT = 2
 
-    def __init__(self, path: Path, schema: pa.Schema):
+    def __init__(self, path: Path, schema: pa.Schema, background: bool = False):
         self.path = Path(path)
         self.schema = schema
         self.rows = 0
@@ -98,6 +106,8 @@ class TableSink:
             self.path, schema, compression="zstd",
             use_dictionary=[n for n in names if n not in NO_DICTIONARY and n not in DELTA_ENCODED],
             column_encoding={n: "DELTA_BINARY_PACKED" for n in names if n in DELTA_ENCODED} or None)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet-writer") if background else None
+        self._inflight: deque = deque()
 
     def write(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -109,10 +119,25 @@ class TableSink:
 
     def _flush(self) -> None:
         if self._pending:
-            self._writer.write_table(pa.concat_tables(self._pending).combine_chunks(),
-                                     row_group_size=max(self._pending_rows, 1))
+            table = pa.concat_tables(self._pending).combine_chunks()
+            rows = max(self._pending_rows, 1)
             self._pending = []
             self._pending_rows = 0
+            if self._pool is None:
+                self._writer.write_table(table, row_group_size=rows)
+                return
+            while len(self._inflight) >= self.IN_FLIGHT:
+                self._inflight.popleft().result()
+            self._inflight.append(self._pool.submit(self._writer.write_table, table, row_group_size=rows))
+
+    def _drain(self) -> None:
+        try:
+            while self._inflight:
+                self._inflight.popleft().result()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+                self._pool = None
 
     def write_columns(self, cols: dict) -> None:
         arrays = []
@@ -123,6 +148,7 @@ class TableSink:
 
     def close(self, metadata: dict) -> None:
         self._flush()
+        self._drain()
         self._writer.add_key_value_metadata({f"bigtcp_pcap.{k}": json.dumps(v, default=str)
                                              for k, v in metadata.items()})
         self._writer.close()
