@@ -102,6 +102,14 @@ def workload() -> None:
         engine.flush()
         batch.l4_off[:] = 54
         FlowTable().assign(batch)  # and the flow table's
+        # the cBPF interpreter, on a writable and on a read-only buffer (the audit's normalized copies), without
+        # needing libpcap at build time: a one-instruction program (ret #65535)
+        from bigtcp_pcap.audit import bpfvm
+
+        prog = bpfvm.program_columns([(0x06, 0, 0, 65535)])
+        one = np.zeros(1, np.int64)
+        for buf in (np.zeros(64, np.uint8), np.frombuffer(bytes(64), np.uint8)):
+            bpfvm.match_batch(prog, buf, one, one + 60, one + 60)
 
 
 def _spec(t) -> dict | None:
