@@ -110,6 +110,13 @@ def workload() -> None:
         one = np.zeros(1, np.int64)
         for buf in (np.zeros(64, np.uint8), np.frombuffer(bytes(64), np.uint8)):
             bpfvm.match_batch(prog, buf, one, one + 60, one + 60)
+        # the audit's normalization, also without libpcap: every frame of the sample (BIG TCP HBH frames)
+        from bigtcp_pcap.audit.normalize import normalize_batch
+
+        for rb in CaptureReader(sample):
+            pb, _ = decode(rb)
+            normalize_batch(pb, rb.buf, rb.off, pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64),
+                            np.arange(len(pb)))
 
 
 def _spec(t) -> dict | None:

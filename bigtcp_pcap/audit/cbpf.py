@@ -229,30 +229,11 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
     cand = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
     tunnel = pb.tunnel != TUNNEL_NONE
     not_audited[nz.SKIP_TUNNEL] += int(tunnel.sum())
-    norm_idx, parts, n_off, n_cap, n_wire = [], [], [], [], []
-    pos = 0
-    for i in np.flatnonzero(cand & ~tunnel).tolist():
-        f = nz.L3Fields.from_batch(pb, i)
-        o, c = int(off[i]), int(cap[i])
-        data = buf[o:o + c].tobytes()
-        why = nz.why_not(f, c)
-        if why is not None:
-            not_audited[why] += 1
-            continue
-        if not nz.needs_normalizing(f, data):
-            continue
-        new, new_wire = nz.normalize_frame(data, int(wire[i]), f)
-        norm_idx.append(i)
-        parts.append(new)
-        n_off.append(pos)
-        n_cap.append(len(new))
-        n_wire.append(new_wire)
-        pos += len(new)
-    nbuf = np.frombuffer(b"".join(parts), dtype=np.uint8) if parts else np.zeros(0, np.uint8)
-    return PreparedBatch(pb, buf, off, cap, wire, lts, np.unique(lts).tolist() if n else [],
-                         np.asarray(norm_idx, dtype=np.int64), nbuf, *(np.asarray(x, dtype=np.int64)
-                                                                       for x in (n_off, n_cap, n_wire)),
-                         skipped, not_audited)
+    norm_idx, nbuf, n_off, n_cap, n_wire, why = nz.normalize_batch(pb, buf, off, cap, wire,
+                                                                   np.flatnonzero(cand & ~tunnel))
+    not_audited.update(why)
+    return PreparedBatch(pb, buf, off, cap, wire, lts, np.unique(lts).tolist() if n else [], norm_idx, nbuf,
+                         n_off, n_cap, n_wire, skipped, not_audited)
 
 
 class FilterAudit:

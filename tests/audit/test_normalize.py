@@ -80,3 +80,41 @@ def test_fragment_and_tunnel_are_not_normalized(tmp_path):
     pb, f, out = normalized(tmp_path, (outer, len(outer)))
     assert pb.tunnel[0] != TUNNEL_NONE
     assert nz.why_not(f, len(outer)) == nz.SKIP_TUNNEL and out == (outer, len(outer))
+
+
+def test_batch_normalization_equals_the_per_frame_rules():
+    """normalize_batch (compiled) against why_not / needs_normalizing / normalize_frame, frame by frame, on every
+    kernel capture."""
+    from collections import Counter
+    from pathlib import Path
+
+    import numpy as np
+
+    from bigtcp_pcap.audit import normalize as nz
+    from bigtcp_pcap.capture import CaptureReader
+    from bigtcp_pcap.decode import decode
+
+    caps = sorted(p for p in (Path(__file__).resolve().parent.parent / "fixtures" / "kernel").rglob("*.pcap*")
+                  if p.is_file())
+    normalized = 0
+    for cap in caps:
+        for rb in CaptureReader(cap):
+            pb, _ = decode(rb)
+            c, w = pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64)
+            rows, nbuf, n_off, n_cap, n_wire, why = nz.normalize_batch(pb, rb.buf, rb.off, c, w, np.arange(len(pb)))
+            ref_rows, ref_frames, ref_why = [], [], Counter()
+            for i in range(len(pb)):
+                f = nz.L3Fields.from_batch(pb, i)
+                data = rb.buf[rb.off[i]:rb.off[i] + c[i]].tobytes()
+                reason = nz.why_not(f, len(data))
+                if reason is not None:
+                    ref_why[reason] += 1
+                elif nz.needs_normalizing(f, data):
+                    ref_rows.append(i)
+                    ref_frames.append(nz.normalize_frame(data, int(w[i]), f))
+            assert rows.tolist() == ref_rows, cap.name
+            assert why == ref_why, cap.name
+            got = [(nbuf[o:o + n].tobytes(), int(wl)) for o, n, wl in zip(n_off, n_cap, n_wire)]
+            assert got == ref_frames, cap.name
+            normalized += len(rows)
+    assert normalized > 500
