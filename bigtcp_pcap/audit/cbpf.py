@@ -91,7 +91,7 @@ class AuditResult:
     not_audited: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # the capture could not be read to its end; counts cover the frames before
-    frames_skipped: int = 0  # candidates_only: frames not run through libpcap (their verdict is ok by construction)
+    frames_skipped: int = 0  # candidates_only: frames not run through the filter (their verdict is ok by construction)
 
     @property
     def clean(self) -> bool:
@@ -263,7 +263,7 @@ class FilterAudit:
         # per-frame arrays are kept only for misclassified frames, so memory stays bounded on long captures;
         # the totals of the others are counters
         self._n_frames = 0
-        self._n_skipped = 0  # frames not run through libpcap (candidates_only)
+        self._n_skipped = 0  # frames not run through the filter (candidates_only)
         self._n_raw = 0
         self._n_truth = 0
         self._frames: list[np.ndarray] = []
@@ -386,7 +386,8 @@ class FilterAudit:
         cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
         frame, verdict, reason = cat(self._frames, np.uint64), cat(self._verdict, np.uint8), cat(self._reason, np.uint8)
         raw, truth = cat(self._raw, bool), cat(self._truth, bool)
-        reasons = Counter(REASON_NAMES[r] for r in reason[verdict != OK].tolist())
+        codes, counts = np.unique(reason[verdict != OK], return_counts=True)
+        reasons = Counter({REASON_NAMES[int(r)]: int(c) for r, c in zip(codes, counts)})
         res = AuditResult(
             expr=self.expr, linktypes=sorted(self._linktypes), frames_total=self._n_frames,
             matched=self._n_raw, truth=self._n_truth, missed=int((verdict == MISSED).sum()),
@@ -396,7 +397,7 @@ class FilterAudit:
             frames_skipped=self._n_skipped)
         if self._n_skipped:
             res.notes.append(f"{self._n_skipped} frames that no BIG TCP encoding or extension header can affect were "
-                             "not run through libpcap: matched/truth count only the others, and the suggestion "
+                             "not run through the filter: matched/truth count only the others, and the suggestion "
                              "was verified on those; 'bigtcp-pcap audit-filter' checks every frame")
         if not res.clean and self.candidates:
             self._pick_suggestion(res)
