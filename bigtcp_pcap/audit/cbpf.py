@@ -232,8 +232,9 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
     norm_idx, nbuf, n_off, n_cap, n_wire, why = nz.normalize_batch(pb, buf, off, cap, wire,
                                                                    np.flatnonzero(cand & ~tunnel))
     not_audited.update(why)
-    return PreparedBatch(pb, buf, off, cap, wire, lts, np.unique(lts).tolist() if n else [], norm_idx, nbuf,
-                         n_off, n_cap, n_wire, skipped, not_audited)
+    linktypes = np.flatnonzero(np.bincount(lts)).tolist() if n else []  # (np.unique would import numpy.ma)
+    return PreparedBatch(pb, buf, off, cap, wire, lts, linktypes, norm_idx, nbuf, n_off, n_cap, n_wire, skipped,
+                         not_audited)
 
 
 class FilterAudit:

@@ -654,7 +654,7 @@ class EbpfAudit:
         buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
         off = np.asarray(rb.off, dtype=np.int64)[:n]
         cap, wire, lts = pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64), pb.linktype.astype(np.int64)
-        self._linktypes.update(np.unique(lts).tolist())
+        self._linktypes.update(np.flatnonzero(np.bincount(lts)).tolist())
         v6, v4 = pb.ip_version == 6, pb.ip_version == 4
         cand = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
         tunnel = pb.tunnel != TUNNEL_NONE

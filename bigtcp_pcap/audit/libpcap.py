@@ -225,7 +225,7 @@ class FilterSet:
         """Like ``CompiledFilter.match_batch`` with a per-packet linktype column."""
         out = np.zeros(len(offsets), dtype=bool)
         linktypes = np.asarray(linktypes)
-        for lt in np.unique(linktypes).tolist():
+        for lt in np.flatnonzero(np.bincount(linktypes)).tolist():  # np.unique imports numpy.ma
             sel = np.flatnonzero(linktypes == lt)
             out[sel] = self.for_linktype(lt).match_batch(buf, np.asarray(offsets)[sel], np.asarray(caplens)[sel],
                                                          np.asarray(wirelens)[sel])

@@ -174,7 +174,7 @@ class CaptureReader:
             self._frame += n
             self.info.packets += n
             if const is None:
-                self.info.linktypes.update(int(x) for x in np.unique(batch.linktype))
+                self.info.linktypes.update(np.flatnonzero(np.bincount(batch.linktype)).tolist())
             else:
                 self.info.linktypes.add(const)
             if self.info.first_ts_ns is None:
