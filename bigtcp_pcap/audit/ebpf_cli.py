@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from ..errors import CaptureError
 from .cli import _fail, render_reasons_and_flows
-from .ebpf import EbpfAuditResult, EbpfError, audit_ebpf
+
+if TYPE_CHECKING:
+    from .ebpf import EbpfAuditResult
 
 EXIT_CLEAN, EXIT_DIFFERS, EXIT_USAGE, EXIT_CAPTURE = 0, 1, 2, 3
 
@@ -50,6 +52,8 @@ def audit_ebpf_command(
 
     Example: sudo bigtcp-pcap audit-ebpf filter.o receiver.pcap --section tc
     """
+    from .ebpf import EbpfError, audit_ebpf  # imported by this command only (~10 ms)
+
     try:
         result = audit_ebpf(prog, capture, section)
     except EbpfError as e:
