@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Benchmark `bigtcp-pcap analyze` against peers on the same capture, in one run.
 
-    .venv/bin/python scripts/bench.py [--packets 2000000] [--capture FILE] [--repeat 3] [--skip TOOL] [--keep]
+    .venv/bin/python scripts/bench.py [--packets 2000000] [--capture FILE | --replay FIXTURE] [--repeat 3]
+                                      [--skip TOOL] [--keep]
 
-Without --capture it builds a long capture by replaying a kernel-made fixture (MSS segments from a sender with
-TSO off, IPv6 BIG TCP) end to end many times, shifting sequence/ack numbers and timestamps so the result is one
+Without --capture it builds a long capture by replaying a kernel-made fixture (by default MSS segments from a
+sender with TSO off, IPv6 BIG TCP; --replay picks another, such as the receiver's HBH super-packets) end to end
+many times, shifting sequence/ack numbers and timestamps so the result is one
 long, contiguous TCP conversation. Then it runs, one after the other on that file:
 
 * bigtcp-pcap analyze (read + decode + GRO rebuild + flows + findings + Parquet), with and without the default
@@ -163,6 +165,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packets", type=int, default=2_000_000, help="minimum packets in the generated capture")
     ap.add_argument("--capture", type=Path, help="benchmark this capture instead of generating one")
+    ap.add_argument("--replay", type=Path, default=FIXTURE,
+                    help="the kernel capture (little-endian pcap, Ethernet) to replay; default: a BIG TCP sender's MSS "
+                         "segments. tests/fixtures/kernel/v6_185000.rcv.pcap gives a receiver's HBH super-packets")
     ap.add_argument("--keep", action="store_true", help="keep the generated capture and outputs")
     ap.add_argument("--skip", action="append", default=[], help="skip a peer: tshark, dpkt, nfstream, audit")
     ap.add_argument("--repeat", type=int, default=3, help="runs per fast tool (the best is kept)")
@@ -183,8 +188,8 @@ def main() -> int:
         else:
             cap = work / "bench.pcap"
             t = time.perf_counter()
-            packets = build_capture(FIXTURE, cap, args.packets)
-            print(f"built {cap} from {FIXTURE.name}: {packets:,} packets, {cap.stat().st_size / 2**20:.0f} MiB "
+            packets = build_capture(args.replay, cap, args.packets)
+            print(f"built {cap} from {args.replay.name}: {packets:,} packets, {cap.stat().st_size / 2**20:.0f} MiB "
                   f"({time.perf_counter() - t:.1f} s)")
         # warm the page cache and the tools' own caches so that every tool starts equal
         subprocess.run(["cat", str(cap)], stdout=subprocess.DEVNULL, check=False)
