@@ -202,3 +202,14 @@ def test_background_sink_writes_the_same_file(tmp_path):
     assert a.metadata.num_row_groups == b.metadata.num_row_groups > 3
     assert a.read().equals(b.read())
     assert P.read_metadata(tmp_path / "True.parquet") == {"run": 1}
+
+
+def test_repeat_string_equals_a_list():
+    import pyarrow as pa
+
+    from bigtcp_pcap.output.arrow import repeat_string
+
+    for value, n in (("tcp port 5201", 1000), ("é", 3), ("", 4), ("x", 0)):
+        got = repeat_string(value, n)
+        got.validate(full=True)
+        assert got.equals(pa.chunked_array([pa.array([value] * n, pa.string())]))

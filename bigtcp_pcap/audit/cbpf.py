@@ -102,9 +102,12 @@ class AuditResult:
         return [{"frame": int(self.frame[i]), "verdict": VERDICT_NAMES[self.verdict[i]],
                  "reason": REASON_NAMES[self.reason[i]]} for i in idx]
 
-    def to_json(self) -> dict:
-        """One JSON-able document; ``frames`` lists only the mis-classified frames (all are in frames_table)."""
-        return {
+    def to_json(self, frames: bool = True) -> dict:
+        """One JSON-able document; ``frames`` lists only the mis-classified frames (all are in frames_table).
+
+        ``frames=False`` leaves out ``frames`` and ``flows`` (the summary's form: a BIG TCP capture can have
+        hundreds of thousands of mis-classified frames)."""
+        doc = {
             "expr": self.expr,
             "linktypes": self.linktypes,
             "frames_total": self.frames_total,
@@ -119,13 +122,16 @@ class AuditResult:
             "suggestions_by_linktype": ({str(k): v for k, v in self.suggestions_by_linktype.items()}
                                         if len(set(self.suggestions_by_linktype.values())) > 1 else {}),
             "alternative": self.alternative,
-            "flows": [f.to_json() for f in self.flows],
-            "frames": self.misclassified_frames(),
+            "flows": [f.to_json() for f in self.flows] if frames else None,
+            "frames": self.misclassified_frames() if frames else None,
             "not_audited": self.not_audited,
             "notes": self.notes,
             "frames_skipped": self.frames_skipped,
             "error": self.error,
         }
+        if not frames:
+            del doc["flows"], doc["frames"]
+        return doc
 
     def frames_table(self):
         """Per-frame rows for ``filter_audit.parquet``: frame, verdict, reason, matched, truth."""

@@ -86,6 +86,20 @@ def take_strings(values: Sequence[str | None], idx: np.ndarray) -> pa.Array:
                                                           pa.py_buffer(data)], null_count=null_count)
 
 
+def repeat_string(value: str, n: int) -> pa.ChunkedArray:
+    """A string column of ``n`` copies of ``value``, built without encoding it n times (chunked so that no
+    chunk's 32-bit offsets overflow)."""
+    enc = value.encode()
+    per_chunk = max(1, (2**31 - 1) // max(len(enc), 1))
+    chunks = []
+    for start in range(0, n, per_chunk):
+        m = min(per_chunk, n - start)
+        offsets = (np.arange(m + 1, dtype=np.int64) * len(enc)).astype(np.int32)
+        chunks.append(pa.Array.from_buffers(pa.string(), m, [None, pa.py_buffer(offsets), pa.py_buffer(enc * m)],
+                                            null_count=0))
+    return pa.chunked_array(chunks, pa.string())
+
+
 @functools.lru_cache(maxsize=64)
 def _names(names: tuple[str, ...]) -> pa.Array:
     return _strings(list(names), None)

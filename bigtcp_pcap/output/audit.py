@@ -81,8 +81,7 @@ class FilterAudits:
 
     def summary(self, results: list) -> dict:
         return {"audited": self.exprs if self.audits else [], "note": self.note,
-                "results": [{k: v for k, v in r.to_json().items() if k not in ("frames", "flows")}
-                            for r in results]}
+                "results": [r.to_json(frames=False) for r in results]}
 
 
 def audit_rows(result) -> pa.Table:
@@ -91,5 +90,5 @@ def audit_rows(result) -> pa.Table:
     bad = np.asarray(result.verdict) != OK
     if not bad.all():  # the audit keeps only frames that are not ok; Table.filter imports pyarrow.compute
         t = t.filter(A.array(bad, pa.bool_()))
-    return pa.table({"frame": t.column("frame"), "filter": A.array([result.expr] * t.num_rows, pa.string()),
+    return pa.table({"frame": t.column("frame"), "filter": A.repeat_string(result.expr, t.num_rows),
                      "verdict": t.column("verdict"), "reason": t.column("reason")}, schema=AUDIT_SCHEMA)
