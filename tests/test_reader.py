@@ -148,3 +148,27 @@ def test_memory_is_one_buffer_whatever_the_size(tmp_path):
     assert max(sizes) <= 1 << 16
     assert r.info.packets == len(read_pcap_records(SND)) * 20
     assert sys.getsizeof(r) < 10_000
+
+
+def test_zstd_reader_across_frames_and_read_sizes():
+    """Several zstd frames back to back (as pzstd writes), read in odd sizes: the bytes come out whole."""
+    import io
+
+    from bigtcp_pcap.capture.source import ZstdReader
+
+    raw = SND.read_bytes()
+    cut = [0, 1000, len(raw) // 2, len(raw)]
+    comp = b"".join(zstandard.ZstdCompressor().compress(raw[a:b]) for a, b in zip(cut, cut[1:]))
+    rng = np.random.default_rng(1)
+    for sizes in ((1,), (7, 4096), (1 << 16,), (3 << 20,)):
+        r = ZstdReader(io.BufferedReader(io.BytesIO(comp)), zstandard)
+        out, k = bytearray(), 0
+        while True:
+            buf = bytearray(int(sizes[k % len(sizes)]) if len(sizes) > 1 or sizes[0] != 1
+                            else int(rng.integers(1, 300)))
+            n = r.readinto(buf)
+            if not n:
+                break
+            out += buf[:n]
+            k += 1
+        assert bytes(out) == raw

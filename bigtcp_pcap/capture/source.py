@@ -138,29 +138,33 @@ class ZstdReader(io.RawIOBase):
         self._zstd = zstandard
         self._dobj = zstandard.ZstdDecompressor().decompressobj()
         self._out = b""
+        self._pos = 0  # bytes of _out already handed out (the rest is not re-sliced per call: a copy each time)
         self._in_frame = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:  # type: ignore[override]
-        while not self._out:
+        while self._pos >= len(self._out):
             chunk = self._raw.read(1 << 17)
             if not chunk:
                 if self._in_frame:
                     raise EOFError("zstd stream ends inside a frame (truncated file)")
                 return 0
+            parts = []
             while chunk:
                 self._in_frame = True
-                self._out += self._dobj.decompress(chunk)
+                parts.append(self._dobj.decompress(chunk))
                 chunk = b""
                 if self._dobj.eof:  # frame complete; the rest of the chunk starts the next frame
                     chunk = self._dobj.unused_data
                     self._dobj = self._zstd.ZstdDecompressor().decompressobj()
                     self._in_frame = False
-        n = min(len(b), len(self._out))
-        memoryview(b).cast("B")[:n] = self._out[:n]
-        self._out = self._out[n:]
+            self._out = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._pos = 0
+        n = min(len(b), len(self._out) - self._pos)
+        memoryview(b).cast("B")[:n] = memoryview(self._out)[self._pos:self._pos + n]
+        self._pos += n
         return n
 
 
