@@ -153,12 +153,13 @@ def test_memory_is_one_buffer_whatever_the_size(tmp_path):
 def test_zstd_reader_across_frames_and_read_sizes():
     """Several zstd frames back to back (as pzstd writes), read in odd sizes: the bytes come out whole."""
     import io
+    import itertools
 
     from bigtcp_pcap.capture.source import ZstdReader
 
     raw = SND.read_bytes()
     cut = [0, 1000, len(raw) // 2, len(raw)]
-    comp = b"".join(zstandard.ZstdCompressor().compress(raw[a:b]) for a, b in zip(cut, cut[1:]))
+    comp = b"".join(zstandard.ZstdCompressor().compress(raw[a:b]) for a, b in itertools.pairwise(cut))
     rng = np.random.default_rng(1)
     for sizes in ((1,), (7, 4096), (1 << 16,), (3 << 20,)):
         r = ZstdReader(io.BufferedReader(io.BytesIO(comp)), zstandard)
