@@ -118,7 +118,7 @@ def test_corrupt_compressed_stream(tmp_path, kind):
     bad.write_bytes(comp[: len(comp) // 2])
     res = _run("analyze", bad, "-o", tmp_path / "out", "--packets")
     assert res.exit_code == 3
-    line = [ln for ln in res.stderr.splitlines() if "bigtcp-pcap:" in ln][0]
+    line = next(ln for ln in res.stderr.splitlines() if "bigtcp-pcap:" in ln)
     assert f"{bad} (frame " in line and "byte offset" in line
     meta = read_metadata(tmp_path / "out" / "packets.parquet")
     assert meta["partial"] is True

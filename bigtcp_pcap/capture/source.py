@@ -91,7 +91,7 @@ class Source:
         elif self.compression == "bzip2":
             self.stream = bz2.BZ2File(buffered, "rb")
         elif self.compression == "xz":
-            self.stream = lzma.LZMAFile(buffered, "rb")
+            self.stream = lzma.LZMAFile(buffered, "rb")  # noqa: SIM115 - open for the reader's life, closed by close()
         elif self.compression == "zstd":
             try:
                 import zstandard
