@@ -32,7 +32,7 @@ from ..decode.schema import (
     PacketBatch,
 )
 from . import normalize as nz
-from .impact import FlowTally
+from .impact import FlowGroups, FlowTally, flow_groups
 from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet
 from .libpcap import load as load_libpcap
 from .suggest import LINK_HDR_LEN, has_l4_index, rewrite
@@ -208,6 +208,13 @@ class PreparedBatch:
     n_wire: np.ndarray
     skipped: int  # frames left out by candidates_only
     not_audited: Counter[str]
+    _groups: FlowGroups | None = None
+
+    def flow_groups(self) -> FlowGroups:
+        """The rows' flows, computed once for all the audits sharing this batch."""
+        if self._groups is None:
+            self._groups = flow_groups(self.pb)
+        return self._groups
 
 
 def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) -> PreparedBatch:
@@ -361,7 +368,7 @@ class FilterAudit:
         self._truth.append(truth[keep])
         bad = np.flatnonzero(verdict != OK)
         if bad.size:
-            self._tally.add(pb, bad, missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
+            self._tally.add(pb, bad, b.flow_groups(), missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
 
     @staticmethod
     def _reasons(pb: PacketBatch, bad: np.ndarray, index_gap: np.ndarray) -> np.ndarray:

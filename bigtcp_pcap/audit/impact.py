@@ -31,6 +31,33 @@ def true_payload(pb: PacketBatch, idx: np.ndarray) -> np.ndarray:
                              np.maximum(pb.ip_len[idx].astype(np.int64) - pb.ip_hdr_len[idx], 0)))
 
 
+class FlowGroups:
+    """The directional 5-tuple of every row of a batch: ``inverse[i]`` is row i's group, ``keys[g]`` its key."""
+
+    def __init__(self, inverse: np.ndarray, first: np.ndarray, keys: list[tuple]):
+        self.inverse = inverse
+        self.first = first
+        self.keys = keys
+
+
+def flow_groups(pb: PacketBatch) -> FlowGroups:
+    """Group the rows of ``pb`` by (IP version, src, dst, protocol, sport, dport) with one sort."""
+    n = len(pb)
+    key = np.empty((n, 38), np.uint8)
+    key[:, 0] = pb.ip_version
+    key[:, 1:17] = pb.src
+    key[:, 17:33] = pb.dst
+    key[:, 33] = pb.l4_proto
+    key[:, 34:36] = pb.sport.astype(">u2").view(np.uint8).reshape(-1, 2)
+    key[:, 36:38] = pb.dport.astype(">u2").view(np.uint8).reshape(-1, 2)
+    _, first, inv = np.unique(key.view(np.dtype((np.void, 38))).ravel(), return_index=True, return_inverse=True)
+    ver, proto = pb.ip_version[first].tolist(), pb.l4_proto[first].tolist()
+    sport, dport = pb.sport[first].tolist(), pb.dport[first].tolist()
+    keys = [(ver[j], pb.src[i].tobytes(), pb.dst[i].tobytes(), proto[j], sport[j], dport[j])
+            for j, i in enumerate(first.tolist())]
+    return FlowGroups(inv.ravel(), first, keys)
+
+
 class FlowTally:
     """Counts per flow: packets, one count per named flag, wire bytes and true payload bytes."""
 
@@ -38,48 +65,38 @@ class FlowTally:
         self.flag_names = flag_names
         self._rows: dict[tuple, list[int]] = {}
 
-    def add(self, pb: PacketBatch, idx: np.ndarray, **flags: np.ndarray) -> None:
+    def add(self, pb: PacketBatch, idx: np.ndarray, groups: FlowGroups | None = None, **flags: np.ndarray) -> None:
         """Tally rows ``idx`` of ``pb``; each flag array is indexed like ``pb`` (bool per row).
 
         The rows are grouped by flow with numpy first (a BIG TCP capture flags nearly every super-packet of a
-        few flows), so Python touches one entry per flow and batch."""
+        few flows), so Python touches one entry per flow and batch. ``groups`` (``flow_groups(pb)``) lets
+        several tallies of one batch share that grouping."""
         idx = np.asarray(idx, np.int64)
         if idx.size == 0:
             return
-        ver, proto = pb.ip_version[idx], pb.l4_proto[idx]
-        sport, dport = pb.sport[idx], pb.dport[idx]
-        key = np.empty((idx.size, 38), np.uint8)
-        key[:, 0] = ver
-        key[:, 1:17] = pb.src[idx]
-        key[:, 17:33] = pb.dst[idx]
-        key[:, 33] = proto
-        key[:, 34:36] = sport.astype(">u2").view(np.uint8).reshape(-1, 2)
-        key[:, 36:38] = dport.astype(">u2").view(np.uint8).reshape(-1, 2)
-        _, first, inv = np.unique(key.view(np.dtype((np.void, 38))).ravel(), return_index=True,
-                                  return_inverse=True)
-        inv = inv.ravel()
-        groups = first.size
+        g = flow_groups(pb) if groups is None else groups
+        inv = g.inverse[idx]
+        n = g.first.size
 
-        def total(values: np.ndarray) -> list[int]:
+        def total(values: np.ndarray) -> np.ndarray:
             if idx.size <= 1 << 20:  # float64 sums of at most 2^20 values below 2^32 are exact
-                return np.rint(np.bincount(inv, weights=values.astype(np.float64), minlength=groups)).astype(
-                    np.int64).tolist()
-            out = np.zeros(groups, np.int64)
+                return np.rint(np.bincount(inv, weights=values.astype(np.float64), minlength=n)).astype(np.int64)
+            out = np.zeros(n, np.int64)
             np.add.at(out, inv, values.astype(np.int64))
-            return out.tolist()
+            return out
 
-        sums = [np.bincount(inv, minlength=groups).tolist()]
-        sums += [total(flags[name][idx]) for name in self.flag_names]
-        sums += [total(pb.wirelen[idx]), total(true_payload(pb, idx))]
-        ver_l, proto_l, sport_l, dport_l = ver.tolist(), proto.tolist(), sport.tolist(), dport.tolist()
-        src, dst = pb.src[idx], pb.dst[idx]
-        for g, j in enumerate(first.tolist()):
-            k = (ver_l[j], src[j].tobytes(), dst[j].tobytes(), proto_l[j], sport_l[j], dport_l[j])
+        count = np.bincount(inv, minlength=n)
+        present = np.flatnonzero(count)
+        sums = [count[present].tolist()]
+        sums += [total(flags[name][idx])[present].tolist() for name in self.flag_names]
+        sums += [total(pb.wirelen[idx])[present].tolist(), total(true_payload(pb, idx))[present].tolist()]
+        for c_i, grp in enumerate(present.tolist()):
+            k = g.keys[grp]
             row = self._rows.get(k)
             if row is None:
                 row = self._rows[k] = [0] * (3 + len(self.flag_names))
             for c, col in enumerate(sums):
-                row[c] += col[g]
+                row[c] += col[c_i]
 
     def rows(self) -> list[dict]:
         """One dict per flow, most wire bytes first: src, sport, dst, dport, proto, packets, <flags>, bytes."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bigtcp_pcap.audit.impact import FlowTally, _addr, true_payload
+from bigtcp_pcap.audit.impact import FlowTally, _addr, flow_groups, true_payload
 from bigtcp_pcap.capture import CaptureReader
 from bigtcp_pcap.decode import decode
 
@@ -38,12 +38,13 @@ def test_tally_equals_a_per_frame_count():
             pb, _ = decode(rb)
             idx = np.flatnonzero(rng.random(len(pb)) < 0.6)
             batches.append((pb, idx, rng.random(len(pb)) < 0.5))
-    tally = FlowTally(("missed",))
-    for pb, idx, missed in batches:
-        tally.add(pb, idx, missed=missed)
-    got = {(r["src"], r["sport"], r["dst"], r["dport"], r["proto"]):
-           [r["packets"], r["missed"], r["wire_bytes"], r["payload_bytes"]] for r in tally.rows()}
     names = {6: "tcp", 17: "udp", 58: "icmp6", 1: "icmp", 132: "sctp"}
     ref = {(s, sp, d, dp, names.get(p, str(p))): v for (s, sp, d, dp, p), v in _reference(batches).items()}
     assert len(ref) > 20 and sum(v[0] for v in ref.values()) > 5000
-    assert got == ref
+    for shared in (False, True):  # the batch's grouping computed by add(), or once and passed in
+        tally = FlowTally(("missed",))
+        for pb, idx, missed in batches:
+            tally.add(pb, idx, flow_groups(pb) if shared else None, missed=missed)
+        got = {(r["src"], r["sport"], r["dst"], r["dport"], r["proto"]):
+               [r["packets"], r["missed"], r["wire_bytes"], r["payload_bytes"]] for r in tally.rows()}
+        assert got == ref
