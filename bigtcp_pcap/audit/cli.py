@@ -127,7 +127,8 @@ def render_reasons_and_flows(r, out: Console, max_flows: int, flow_counts, what:
         if len(r.flows) > max_flows:
             out.print(f"  ... and {len(r.flows) - max_flows} more flows")
         out.print(f"  total: {sum(f.wire_bytes for f in r.flows):,} wire bytes, "
-                  f"{sum(f.payload_bytes for f in r.flows):,} payload bytes in {what} packets")
+                  f"{sum(f.payload_bytes for f in r.flows):,} payload bytes in {what} packets", markup=False,
+                  soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
