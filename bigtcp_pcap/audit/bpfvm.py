@@ -176,6 +176,26 @@ def run_batch(code, jt, jf, kk, buf, off, caplen, wirelen, mem, out):
         out[i] = ret
 
 
+# every opcode libpcap's interpreter executes (bpf_filter.c; the same list as its validator's); run_batch
+# implements exactly these
+KNOWN_OPCODES = frozenset({
+    0x06, 0x16,  # RET K, RET A
+    0x20, 0x28, 0x30, 0x40, 0x48, 0x50, 0x80, 0x00, 0x60,  # LD W/H/B ABS, W/H/B IND, LEN, IMM, MEM
+    0x81, 0xB1, 0x01, 0x61,  # LDX LEN, MSH, IMM, MEM
+    0x02, 0x03,  # ST, STX
+    0x05, 0x15, 0x1D, 0x25, 0x2D, 0x35, 0x3D, 0x45, 0x4D,  # JA, JEQ/JGT/JGE/JSET with K and X
+    *(0x04 | op | src for op in (0x00, 0x10, 0x20, 0x30, 0x40, 0x50, 0x60, 0x70, 0x90, 0xA0) for src in (0, 8)),
+    0x84,  # NEG
+    0x07, 0x87,  # TAX, TXA
+})
+
+
+def supported(instructions: list[tuple[int, int, int, int]]) -> bool:
+    """True when every instruction is one this interpreter executes like libpcap (a newer libpcap could emit
+    others; such a program is then run by libpcap itself)."""
+    return all(code in KNOWN_OPCODES for code, _jt, _jf, _k in instructions)
+
+
 def program_columns(instructions: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, ...]:
     """(code, jt, jf, k) columns for ``run_batch`` from libpcap's instructions."""
     ins = np.asarray(instructions, dtype=np.int64).reshape(-1, 4)

@@ -138,6 +138,7 @@ class CompiledFilter:
             lib.pcap_close(handle)
         self._compiled = True
         self._columns: tuple[np.ndarray, ...] | None = None
+        self._vm_ok: bool | None = None  # every opcode is one bpfvm executes (else libpcap runs the batch)
 
     def __del__(self) -> None:
         if getattr(self, "_compiled", False):
@@ -186,8 +187,13 @@ class CompiledFilter:
         """Verdicts for packets ``buf[offsets[i] : offsets[i] + caplens[i]]`` with original lengths ``wirelens``.
 
         Runs this program on the compiled interpreter (bpfvm.py, ~15 ns per packet); ``match_batch_libpcap``
-        runs it on libpcap's own ``bpf_filter`` (~0.55 us per packet through ctypes), the tests' oracle.
+        runs it on libpcap's own ``bpf_filter`` (~0.55 us per packet through ctypes), the tests' oracle, and is
+        used instead for a program with an opcode the interpreter does not know.
         """
+        if self._vm_ok is None:
+            self._vm_ok = bpfvm.supported(self.instructions)
+        if not self._vm_ok:
+            return self.match_batch_libpcap(buf, offsets, caplens, wirelens)
         arr, offs, caps = self._batch_args(buf, offsets, caplens)
         return bpfvm.match_batch(self.program, arr, offs, caps, np.asarray(wirelens, dtype=np.int64))
 

@@ -144,3 +144,22 @@ def test_a_jump_off_the_program_or_an_unknown_opcode_rejects():
         out = np.ones(1, np.int64)
         bpfvm.run_batch(*bpfvm.program_columns(prog), buf, one, one + 60, one + 60, np.zeros(16, np.int64), out)
         assert out[0] == 0, prog
+
+
+def test_known_opcodes_cover_what_libpcap_emits_and_the_rest_goes_to_libpcap(monkeypatch):
+    seen = set()
+    for lt in (1, 101, 113, 276):
+        for expr in EXPRESSIONS:
+            try:
+                seen |= {c for c, _jt, _jf, _k in CompiledFilter(expr, lt).instructions}
+            except FilterError:
+                continue
+    assert seen <= bpfvm.KNOWN_OPCODES and len(seen) >= 15
+    assert not bpfvm.supported([(0x0E, 0, 0, 0)])  # RET X: not classic BPF (libpcap 1.10 aborts on it)
+    # a program with an opcode the interpreter does not know runs on libpcap's bpf_filter, not on bpfvm
+    cf = CompiledFilter("tcp port 5201", 1)
+    cf._vm_ok = False
+    monkeypatch.setattr(bpfvm, "match_batch", lambda *a: pytest.fail("bpfvm ran an unsupported program"))
+    rb = next(iter(CaptureReader(KERNEL / "v6_185000.snd.pcap")))
+    got = cf.match_batch(rb.buf, rb.off, rb.caplen, rb.wirelen)
+    assert got.sum() > 100 and (got == cf.match_batch_libpcap(rb.buf, rb.off, rb.caplen, rb.wirelen)).all()
