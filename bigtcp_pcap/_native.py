@@ -26,6 +26,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,65 @@ def _load_aot() -> tuple[Any, dict, str]:
     return _kernels, spec["exports"], "aot"
 
 
+def import_closure(modules: tuple[str, ...] = KERNEL_MODULES) -> list[str]:
+    """Package-relative paths of ``modules`` and the bigtcp_pcap modules they import at module level, transitively.
+
+    These are the files whose code or constants the compiled kernels can contain (gro/rules.py is inlined into
+    gro/compiled.py, for example)."""
+    import ast
+
+    def path_of(mod: str) -> Path | None:
+        rel = mod.split(".", 1)[1].replace(".", "/") if "." in mod else ""
+        for p in (PKG / (rel + ".py"), PKG / rel / "__init__.py"):
+            if rel and p.exists():
+                return p
+        return None
+
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        mod = todo.pop()
+        path = path_of(mod)
+        if path is None or path.relative_to(PKG).as_posix() in seen:
+            continue
+        seen.add(path.relative_to(PKG).as_posix())
+        here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                if target.split(".")[0] == "bigtcp_pcap":
+                    todo.append(target)
+                    todo.extend(f"{target}.{a.name}" for a in node.names)  # from . import reasons
+            elif isinstance(node, ast.Import):
+                todo.extend(a.name for a in node.names if a.name.split(".")[0] == "bigtcp_pcap")
+    return sorted(seen)
+
+
+_cache_dir_set = False
+
+
+def _numba():
+    """numba, with its on-disk cache in a directory named by the digest of the kernels' import closure.
+
+    numba keys a cached function by the timestamp of the file that defines it and nothing else, so a change in
+    a module it inlines from (gro/rules.py into gro/compiled.py) would silently reuse stale machine code. A
+    cache directory per source digest cannot: any change to those files starts a fresh cache. A user's own
+    NUMBA_CACHE_DIR wins."""
+    global _cache_dir_set
+    import numba
+
+    if not _cache_dir_set:
+        _cache_dir_set = True
+        if not os.environ.get("NUMBA_CACHE_DIR"):
+            here = PKG / "__pycache__" / f"numba-{source_digest(import_closure())[:16]}"
+            numba.config.CACHE_DIR = str(here)
+            for old in here.parent.glob("numba-*"):  # caches of earlier sources are never read again
+                if old != here:
+                    shutil.rmtree(old, ignore_errors=True)
+    return numba
+
+
 _AOT, _EXPORTS, MODE = _load_aot()
 _force_jit = False  # set while a private JIT copy of a kernel module is executing
 fallbacks: dict[str, int] = {}  # entry point -> calls that ran on the JIT (argument types the build did not see)
@@ -83,8 +143,7 @@ def njit(*args: Any, entry: bool = False, **options: Any):
 
     def deco(f):
         if _AOT is None or _force_jit:
-            import numba
-
+            numba = _numba()
             disp = numba.njit(_nrt=False, **options)(f)  # no refcount atomics (module docstring)
             disp._bigtcp_entry = entry  # read by build_kernels
             return disp

@@ -139,40 +139,6 @@ def _spec(t) -> dict | None:
     return None
 
 
-def _import_closure(modules: tuple[str, ...], pkg: Path) -> list[str]:
-    """Package-relative paths of ``modules`` and the bigtcp_pcap modules they import at module level, transitively.
-
-    These are the files whose code or constants the compiled kernels can contain."""
-    import ast
-
-    def path_of(mod: str) -> Path | None:
-        rel = mod.split(".", 1)[1].replace(".", "/") if "." in mod else ""
-        for p in (pkg / (rel + ".py"), pkg / rel / "__init__.py"):
-            if rel and p.exists():
-                return p
-        return None
-
-    seen: set[str] = set()
-    todo = list(modules)
-    while todo:
-        mod = todo.pop()
-        path = path_of(mod)
-        if path is None or path.relative_to(pkg).as_posix() in seen:
-            continue
-        seen.add(path.relative_to(pkg).as_posix())
-        here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom):
-                base = here[: len(here) - node.level + 1] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
-                if target.split(".")[0] == "bigtcp_pcap":
-                    todo.append(target)
-                    todo.extend(f"{target}.{a.name}" for a in node.names)  # from . import reasons
-            elif isinstance(node, ast.Import):
-                todo.extend(a.name for a in node.names if a.name.split(".")[0] == "bigtcp_pcap")
-    return sorted(seen)
-
-
 def build(out_dir: Path) -> dict:
     import importlib
 
@@ -213,7 +179,7 @@ def build(out_dir: Path) -> dict:
     cc.compile()
     print(f"build_kernels: compiled {sum(map(len, exports.values()))} exports of {len(exports)} entry points "
           f"in {time.perf_counter() - t1:.1f} s", file=sys.stderr)
-    sources = _import_closure(_native.KERNEL_MODULES, pkg=out_dir)
+    sources = _native.import_closure(_native.KERNEL_MODULES)
     spec = {"sources": sources, "source_sha256": _native.source_digest(sources), "numba": __import__("numba").__version__,
             "numpy": numpy.__version__, "exports": exports}
     tmp = out_dir / "_kernels.json.tmp"
