@@ -12,9 +12,10 @@ What stays in Python, per batch (vectorized, or per *new* flow key only):
 * the static facts of new flow keys (queue, bucket, ports, SYN-MSS direction ids via a dict), growing arrays.
 
 What is compiled (``@njit(cache=True)``, flat int64 state, no Python objects): the flow key -> gid lookup (an
-open-addressing hash table over the exact keys), the whole per-packet loop of ``GroEngine._run`` and
-everything it calls (``_complete``, ``_flush_all``, ``_flush_old``, ``_complete_poll``, ``_timers``,
-``_mismatch``, row building, SYN MSS / R2 detection), and ``flush()``.
+open-addressing hash table over the exact keys), the whole per-packet loop of ``GroEngine._run`` and its
+bookkeeping (``_complete``, ``_flush_all``, ``_flush_old``, ``_complete_poll``, ``_timers``, row output), and
+``flush()``. Every rule decision is a function of ``rules.py``, inlined here and called as Python by the
+reference engine: no rule is written twice.
 
 State layout (struct of arrays, grown in Python between batches):
 
@@ -42,35 +43,36 @@ import math
 import numpy as np
 
 from .._native import njit
-from ..decode.schema import (
-    BIGTCP_HBH_JUMBO,
-    BIGTCP_NONE,
-    BIGTCP_V4_TOTLEN0,
-    BIGTCP_V6_PLEN0,
-    ST_TRUNC_L4,
-    TH_CWR,
-    TH_FIN,
-    TH_PSH,
-    TH_RST,
-    TH_SYN,
-    TH_URG,
-    PacketBatch,
-)
+from ..decode.schema import ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
-from .config import GRO_LEGACY_MAX_SIZE, GroConfig
-from .engine import ALONE_FLAGS, IPV6_MAXPLEN, M32, NO_LIMIT, ORED_FLAGS, GroEngine, _poll_marks
-from .prepare import (
-    ETH_MIN_FRAME,
-    KIND_ALONE,
-    KIND_OTHER,
-    KIND_TCP,
-    NO_GRO_STATUS,
-    Prepared,
-    flow_hash_of,
-    ignored_flag_bits,
-    prepare,
+from . import rules
+from .config import GroConfig
+from .engine import GroEngine, _poll_marks
+from .prepare import KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
+from .rules import (
+    M32,
+    MERGE,
+    merge_verdict,
+    r2_gso_segs,
+    r2_gso_size,
+    r2_plain_limit,
+    r2_syn_mss,
+    r7_r11_flushmark,
+    r8_r11_l3_word,
+    r14_2_flag_word,
+    r16_completes,
+    r16_ored_flags,
+    r16_reason,
+    r17_alone_reason,
+    r17_goes_alone,
+    r20_completed,
+    r20_observed,
+    r21_2_poll_ended,
+    r21_3_budget_used,
+    r21_4_jiffy,
+    r21_5_poll_end,
 )
-from .superpacket import COLUMN_TYPES, SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
+from .superpacket import COLUMN_TYPES, SuperPacketBatch
 
 BIG = 1 << 62  # max_gro_skbs = inf, poll_gap_us = inf
 NS = 1_000_000_000
@@ -99,15 +101,6 @@ _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts 
 # ============================================================================================================
 # compiled helpers
 # ============================================================================================================
-@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
-def _jiffy(now, phase, hz):
-    """R21.4: floor((now - phase) * hz / 1e9) without int64 overflow (hz <= MAX_HZ)."""
-    x = now - phase
-    qd = x // NS
-    r = x - qd * NS
-    return qd * hz + (r * hz) // NS
-
-
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0, f1, t0, t1, reason, source,
           flags, ack, gso):
@@ -141,22 +134,9 @@ def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0
 def _row(S, C, O, K, g, reason):
     """R20: what the receiver sees for a completed p (appended to the output, R23)."""
     l3 = S[g, E_PLEN]
-    frame_len = S[g, E_L2] + l3
-    big = np.int64(BIGTCP_NONE)
-    gso = np.int64(0)
     v4 = S[g, G_V4] != 0
-    if S[g, E_COUNT] > 1:
-        gso = S[g, E_MSS]
-        if v4:
-            if l3 > 65535:
-                big = np.int64(BIGTCP_V4_TOTLEN0)  # R20: tot_len = 0 above 65535
-        elif l3 - 40 > IPV6_MAXPLEN:
-            if C[C_HBH]:
-                big = np.int64(BIGTCP_HBH_JUMBO)  # R20 (<= 6.19): 8-byte HBH jumbo inserted, payload_len 0
-                frame_len += 8
-            else:
-                big = np.int64(BIGTCP_V6_PLEN0)  # R20 (7.0): payload_len 0, no extension header
-    source = np.int64(SOURCE_OBSERVED if (S[g, E_GSO] != 0 and S[g, E_NPK] == 1) else SOURCE_REBUILT)
+    frame_len, big, gso = r20_completed(S[g, E_L2], l3, S[g, E_COUNT], S[g, E_MSS], v4, C[C_HBH] != 0)
+    source = r20_observed(S[g, E_GSO] != 0, S[g, E_NPK])
     k = K[0]
     _emit(O, k, S[g, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], S[g, E_SEQ0], l3 - S[g, E_HDR],
           S[g, E_COUNT], l3, frame_len, big, S[g, E_F0], S[g, E_F1], S[g, E_T0], S[g, E_T1], reason, source,
@@ -211,7 +191,7 @@ def _flush_all(S, Q, B, C, O, K, q, reason):
 @njit(cache=True)
 def _flush_old(S, Q, B, C, O, K, q, now):
     """R21.4 flush_old: per bucket (ascending) oldest to newest, stopping at the first entry of this jiffy."""
-    jiffy = _jiffy(now, C[C_PHASE], C[C_HZ])
+    jiffy = r21_4_jiffy(now, C[C_PHASE], C[C_HZ])
     for b in range(B.shape[1]):
         while B[q, b, B_HEAD] >= 0 and S[B[q, b, B_HEAD], E_AGE] != jiffy:
             _complete(S, Q, B, C, O, K, B[q, b, B_HEAD], R.NAPI_POLL)
@@ -220,17 +200,8 @@ def _flush_old(S, Q, B, C, O, K, q, now):
 @njit(cache=True)
 def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
     """R21.2/R21.5 napi_complete_done(work) at time tnow: flush all, or only old entries + arm the timer."""
-    tmo = C[C_TMO]
-    timeout = 0
-    if work:
-        if Q[q, Q_HELD]:
-            timeout = tmo
-        Q[q, Q_DEFER] = C[C_DEFER]
-    masked = 0
-    if Q[q, Q_DEFER] > 0:
-        Q[q, Q_DEFER] -= 1
-        timeout = tmo
-        masked = 1 if tmo > 0 else 0
+    timeout, masked, defer = r21_5_poll_end(work, Q[q, Q_HELD], C[C_TMO], C[C_DEFER], Q[q, Q_DEFER])
+    Q[q, Q_DEFER] = defer
     if Q[q, Q_HELD]:
         if timeout:
             _flush_old(S, Q, B, C, O, K, q, tnow)  # R21.5: only old entries, young ones wait for the timer
@@ -241,7 +212,7 @@ def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
         Q[q, Q_HASDL] = 1
     else:
         Q[q, Q_HASDL] = 0
-    Q[q, Q_MASKED] = masked
+    Q[q, Q_MASKED] = 1 if masked else 0
     Q[q, Q_N] = 0
     Q[q, Q_HASLAST] = 0
 
@@ -259,7 +230,7 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
                 return dl  # R21.5: IRQs masked, the packet waits for the timer poll at dl
             _complete_poll(S, Q, B, C, O, K, q, dl, Q[q, Q_N])
             continue
-        if Q[q, Q_HASLAST] and (mark if marks else t - Q[q, Q_LAST] > C[C_GAP]):
+        if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark):
             _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
             continue
         if Q[q, Q_HASDL] and t >= Q[q, Q_DL]:
@@ -269,108 +240,10 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
 
 
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
-def _syn_mss_of(S, D, g):
-    """The connection's MSS bound from SYN options: min over both directions seen, 0 if none."""
-    a = D[S[g, G_RDID]]
-    b = D[S[g, G_DID]]
-    if a and b:
-        return min(a, b)
-    return a if a else b
-
-
-@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _plain_limit(S, D, C, g):
-    """R2 detection: a payload above this cannot be one wire segment of flow g."""
-    if not C[C_GSO_AUTO]:
-        return NO_LIMIT
-    m = _syn_mss_of(S, D, g)
-    if m:
-        return m
-    return C[C_FALLBACK_MTU] - (20 if S[g, G_V4] else 40) - 20
-
-
-@njit(cache=True)
-def _gso_size(S, D, C, g, tcp_hdr_len):
-    """R2/R14.6: gso_size of an aggregated input: the SYN MSS less option bytes, else the largest segment."""
-    m = _syn_mss_of(S, D, g)
-    if m:
-        return max(1, m - (tcp_hdr_len - 20))
-    if S[g, G_GMAX]:
-        return S[g, G_GMAX]
-    return max(1, _plain_limit(S, D, C, g) - (tcp_hdr_len - 20))
-
-
-@njit(cache=True)
-def _r16_reason(f):
-    """R16: why p completed right after merging a segment with flags f (else it was short)."""
-    if f & TH_FIN:
-        return R.FIN
-    if f & TH_PSH:
-        return R.PSH
-    if f & TH_URG:
-        return R.URG
-    if f & TH_RST:
-        return R.RST
-    if f & TH_SYN:
-        return R.SYN
-    return R.SHORT_SEGMENT
-
-
-@njit(cache=True)
-def _alone_reason(fm, f):
-    """R17: why a payload-carrying packet was delivered alone instead of held."""
-    if fm:
-        return R.FLUSH_MARKED
-    if f & TH_RST:
-        return R.RST
-    if f & TH_SYN:
-        return R.SYN
-    if f & ALONE_FLAGS:
-        return _r16_reason(f)
-    return R.SHORT_SEGMENT  # a GSO input with len != count * gso_size
-
-
-@njit(cache=True)
-def _mismatch(S, C, g, fm, f, fwm, ack, opt, l3w, seq, ln, gsz, ipid):
-    """Why a packet could not merge into p: the most specific failing check (order in reasons.py)."""
-    if fm:
-        return R.FLUSH_MARKED  # R15c (R2/R7/R11)
-    if f & TH_RST:
-        return R.RST  # R14.2
-    if f & TH_SYN:
-        return R.SYN  # R14.2
-    if f & TH_URG:
-        return R.URG  # R14.2
-    if f & C[C_CWR]:
-        return R.CWR  # R14.1
-    if ln == 0:
-        return R.FIN if f & TH_FIN else R.NO_PAYLOAD  # R14.6: (len - 1) >= mss for len 0
-    if seq != S[g, E_NXT]:
-        return R.SEQ_GAP  # R14.7
-    if ack != S[g, E_ACK]:
-        return R.ACK_CHANGE  # R14.3
-    d = fwm ^ S[g, E_FWM]
-    if d:
-        if d >> 28:
-            return R.OPTION_CHANGE  # R14.2: data offset differs (option length)
-        if d >> 16:
-            return R.CWR if (d >> 16) & TH_CWR else R.FLAGS  # R14.2 (CWR compared on 7.0)
-        return R.WINDOW_CHANGE  # R14.2: window field
-    if opt != S[g, E_OPT]:
-        return R.OPTION_CHANGE  # R14.4
-    if l3w != S[g, E_L3W]:
-        return R.IP_CHANGE  # R8/R11
-    if S[g, G_V4]:
-        dlt = (ipid - S[g, E_ID0]) & 0xFFFF
-        fixed = S[g, E_FIXED] != 0 or (S[g, E_COUNT] == 1 and dlt == 0 and ((l3w & 1) != 0 or not C[C_NEEDS_DF]))
-        if dlt != (0 if fixed else S[g, E_COUNT]):
-            return R.IP_ID  # R14.5
-    if gsz:
-        if gsz != S[g, E_MSS]:
-            return R.GSO_SIZE_MISMATCH  # R14.6
-    elif ln > S[g, E_MSS]:
-        return R.MSS_EXCEEDED  # R14.6
-    return R.SIZE_LIMIT  # R15a/R15b
+    """R2 detection for flow g (rules.r2_plain_limit on its SYN MSS)."""
+    return r2_plain_limit(C[C_GSO_AUTO] != 0, r2_syn_mss(D[S[g, G_RDID]], D[S[g, G_DID]]), C[C_FALLBACK_MTU],
+                          S[g, G_V4] != 0)
 
 
 # ============================================================================================================
@@ -405,7 +278,7 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
         if tmo:
             now = _timers(S, Q, B, C, O, K, q, t, marks, mark)
         else:
-            if Q[q, Q_HASLAST] and (mark if marks else t - Q[q, Q_LAST] > gap):
+            if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark):
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         Q[q, Q_LAST] = t
@@ -417,10 +290,12 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
             ln = np.int64(pl_a[i])
             f = np.int64(fl_a[i])
             fm = fm_a[i]
-            if ln > _plain_limit(S, D, C, g):
+            plim = _plain_limit(S, D, C, g)
+            if ln > plim:
                 # R2: already aggregated input, a GSO skb of gso_segs segments
-                gsz = _gso_size(S, D, C, g, np.int64(thl_a[i]))
-                cnt = (ln + gsz - 1) // gsz
+                gsz = r2_gso_size(r2_syn_mss(D[S[g, G_RDID]], D[S[g, G_DID]]), S[g, G_GMAX], plim,
+                                  np.int64(thl_a[i]))
+                cnt = r2_gso_segs(ln, gsz)
             else:
                 gsz = np.int64(0)
                 cnt = np.int64(1)
@@ -433,43 +308,29 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
             seq = np.int64(seq_a[i])
             merged = False
             if S[g, G_HELD]:
-                # R14 (all against p's first segment) and R15a, R15c
-                ok = (not fm  # R15c: a flush-marked packet never merges
-                      and (f & cwr) == 0  # R14.1: CWR on the new segment flushes (<= 6.19)
-                      and fwm == S[g, E_FWM]  # R14.2: flag word (doff, ECE/URG/ACK/RST/SYN, window) must match
-                      and ack == S[g, E_ACK]  # R14.3: ack_seq must match
-                      and opt == S[g, E_OPT]  # R14.4: every option byte must match
-                      and l3w == S[g, E_L3W]  # R8/R11/R14.5: TTL/hop limit, TOS/TC, DF must match
-                      and seq == S[g, E_NXT]  # R14.7: contiguous (mod 2^32)
-                      and ((gsz == S[g, E_MSS]) if gsz else (0 < ln <= S[g, E_MSS]))  # R14.6: MSS / gso_size
-                      and S[g, E_PLEN] + ln < S[g, E_LIMIT])  # R15a: p->len + len >= limit refuses
-                if ok and S[g, G_V4]:
-                    # R14.5: IPv4 ID: fixed (delta 0) or incrementing (delta == count) as decided on packet 2
-                    d = (np.int64(ipid_a[i]) - S[g, E_ID0]) & 0xFFFF
-                    if S[g, E_COUNT] == 1 and d == 0 and ((l3w & 1) != 0 or not needs_df):
-                        S[g, E_FIXED] = 1
-                    ok = (d == 0) if S[g, E_FIXED] else (d == S[g, E_COUNT])
-                if ok:
+                # R14 (all against p's first segment), R15a, R15c
+                why, fixed = merge_verdict(fm, f, cwr, fwm, ack, opt, l3w, seq, ln, gsz, np.int64(ipid_a[i]),
+                                           needs_df, S[g, G_V4] != 0, S[g, E_FWM], S[g, E_ACK], S[g, E_OPT],
+                                           S[g, E_L3W], S[g, E_NXT], S[g, E_MSS], S[g, E_PLEN], S[g, E_LIMIT],
+                                           S[g, E_ID0], S[g, E_COUNT], S[g, E_FIXED] != 0)
+                if why == MERGE:
                     # R15: merge; count += gso_segs, p->len += len
+                    S[g, E_FIXED] = 1 if fixed else 0
                     S[g, E_PLEN] += ln
                     S[g, E_COUNT] += cnt
                     S[g, E_NPK] += 1
                     S[g, E_NXT] = (S[g, E_NXT] + ln) & M32
-                    S[g, E_FLAGS] |= f & ORED_FLAGS  # R16: PSH and FIN ORed into p's header
+                    S[g, E_FLAGS] |= r16_ored_flags(f)
                     S[g, E_F1] = np.int64(frame_a[i])
                     S[g, E_T1] = t
                     merged = True
-                    # R16: complete p now if the segment is short or carries URG/PSH/RST/SYN/FIN
-                    short = (ln != cnt * gsz) if gsz else (ln < S[g, E_MSS])
-                    if short or (f & ALONE_FLAGS) != 0:
-                        _complete(S, Q, B, C, O, K, g, _r16_reason(f))
+                    if r16_completes(ln, cnt, gsz, S[g, E_MSS], f):
+                        _complete(S, Q, B, C, O, K, g, r16_reason(f))
                 else:
-                    # R17: no merge -> p is flushed now
-                    _complete(S, Q, B, C, O, K, g,
-                              _mismatch(S, C, g, fm, f, fwm, ack, opt, l3w, seq, ln, gsz, np.int64(ipid_a[i])))
+                    _complete(S, Q, B, C, O, K, g, why)  # R17: no merge -> p is flushed now
             if not merged:
                 # R17: deliver alone (flush-marked, no payload, URG/PSH/RST/SYN/FIN) or hold as a new p
-                if fm or (f & ALONE_FLAGS) != 0 or ((ln != cnt * gsz) if gsz else (ln == 0)):
+                if r17_goes_alone(fm, f, ln, cnt, gsz):
                     if f & TH_SYN:
                         mss = np.int64(tmss_a[i])
                         if mss > 0:
@@ -477,8 +338,8 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
                     if ln:
                         fr = np.int64(frame_a[i])
                         _emit(O, K[0], fid_a[i], ver_a[i], sport_a[i], dport_a[i], seq, ln, cnt, iplen_a[i],
-                              wire_a[i], big_a[i], fr, fr, t, t, _alone_reason(fm, f),
-                              SOURCE_OBSERVED if gsz else SOURCE_REBUILT, f, ack, gsz)
+                              wire_a[i], big_a[i], fr, fr, t, t, r17_alone_reason(fm, f),
+                              r20_observed(gsz != 0, 1), f, ack, gsz)
                         K[0] += 1
                 else:
                     bk = S[g, G_B]
@@ -506,7 +367,7 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
                     S[g, E_PLEN] = h + ln  # p->len: L3 length
                     S[g, E_LIMIT] = lim4 if v4 else lim6  # R15a: netif_get_gro_max_size by protocol
                     S[g, E_FLAGS] = f
-                    S[g, E_AGE] = _jiffy(now, phase, hz)  # R21.4: age = jiffies when held
+                    S[g, E_AGE] = r21_4_jiffy(now, phase, hz)  # R21.4: age = jiffies when held
                     S[g, E_F0] = fr
                     S[g, E_F1] = fr
                     S[g, E_T0] = t
@@ -527,12 +388,13 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
             # R5/R9/R12/R19: GRO gives up; delivered alone, held entries untouched (may overtake them)
             fr = np.int64(frame_a[i])
             _emit(O, K[0], fid_a[i], ver_a[i], sport_a[i], dport_a[i], seq_a[i], pl_a[i], 1, iplen_a[i],
-                  wire_a[i], big_a[i], fr, fr, t, t, R.NOT_MERGEABLE_ALONE, SOURCE_REBUILT, fl_a[i], ack_a[i], 0)
+                  wire_a[i], big_a[i], fr, fr, t, t, R.NOT_MERGEABLE_ALONE, r20_observed(False, 1), fl_a[i],
+                  ack_a[i], 0)
             K[0] += 1
 
         # R21.3: a poll that used its whole budget (napi_weight packets of this queue)
         c = Q[q, Q_N] + 1
-        if c >= weight:
+        if r21_3_budget_used(c, weight):
             c = 0
             if Q[q, Q_HELD]:
                 if flush_old_full:
@@ -659,14 +521,9 @@ def _prepare_kernel(ver, l4_proto, fid, status, ip_hdr_len, tunnel, ip_len_field
         kind[i] = KIND_ALONE if giveup else (KIND_TCP if tcp else KIND_OTHER)
         declared = np.int64(ip_len_field[i]) + (40 if v6 else 0)
         l3o = np.int64(l3_off[i])
-        frame_l3 = np.int64(wirelen[i]) - l3o
-        mism = declared != frame_l3
-        if mism and not pad_flush and declared > 0 and declared < frame_l3 and l3o + declared < ETH_MIN_FRAME:
-            mism = False
-        flushmark[i] = mism or (v4 and ip_evil[i] != 0)
-        flagword[i] = ((np.int64(tcp_hdr_len[i]) >> 2) << 28) | ((np.int64(tcp_flags[i]) & keep) << 16) \
-            | np.int64(tcp_win[i])
-        l3word[i] = (np.int64(ttl[i]) << 16) | (np.int64(tos[i]) << 8) | (np.int64(df[i]) if v4 else 0)
+        flushmark[i] = r7_r11_flushmark(declared, np.int64(wirelen[i]) - l3o, l3o, pad_flush, v4, ip_evil[i])
+        flagword[i] = r14_2_flag_word(np.int64(tcp_hdr_len[i]), np.int64(tcp_flags[i]), np.int64(tcp_win[i]), keep)
+        l3word[i] = r8_r11_l3_word(np.int64(ttl[i]), np.int64(tos[i]), np.int64(df[i]) if v4 else np.int64(0))
         hdr_len[i] = np.int64(ip_hdr_len[i]) + np.int64(tcp_hdr_len[i])
         c1[i] = (np.uint64(vlan[i]) << np.uint64(32)) | np.uint64(if_id[i])
         c6[i] = (np.uint64(v) << np.uint64(48)) | (np.uint64(l4_proto[i]) << np.uint64(32)) \
@@ -684,7 +541,7 @@ def prepare_compiled(b: PacketBatch, fid: np.ndarray, cfg: GroConfig) -> Prepare
     c1, c6, c7 = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
     src = np.ascontiguousarray(b.src).view(np.uint64).reshape(n, 2)
     dst = np.ascontiguousarray(b.dst).view(np.uint64).reshape(n, 2)
-    c = np.array([0x1FF & ~ignored_flag_bits(cfg), int(cfg.treat_padding_as_flush)], np.int64)
+    c = np.array([rules.r14_2_kept_flags(cfg), int(cfg.treat_padding_as_flush)], np.int64)
     _prepare_kernel(b.ip_version, b.l4_proto, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
                     b.l3_off, b.ip_evil, b.tcp_hdr_len, b.tcp_flags, b.tcp_win, b.ttl, b.tos, b.df, b.l2_hash, b.vlan,
                     b.if_id, src, dst, b.sport, b.dport, b.flow_label, b.ext_hash, c, kind, flushmark, flagword,
@@ -708,23 +565,20 @@ class CompiledGroEngine:
                                   cfg.napi_defer_hard_irqs, cfg.fallback_mtu) > MAX_PHASE:
             self._ref = GroEngine(cfg)  # int64 time/jiffy arithmetic could overflow: run the reference engine
             return
-        lim6 = cfg.gro_max_size
-        if cfg.ipv6_hbh and not cfg.hbh_headroom_ok:
-            # R15b: without 8 bytes of headroom for the HBH, IPv6 (<= 6.19) cannot pass 64 KiB
-            lim6 = min(lim6, GRO_LEGACY_MAX_SIZE)
+        lim4, lim6 = rules.r15_limits(cfg)
         gap = float(cfg.poll_gap_us) * 1000.0  # the reference compares int > float; for ints, > floor(gap)
         gap_i = BIG if (math.isinf(gap) or gap >= BIG) else math.floor(gap)
         C = np.zeros(NCF, np.int64)
-        C[C_LIM4] = cfg.ipv4_limit
+        C[C_LIM4] = lim4
         C[C_LIM6] = lim6
         C[C_GAP] = gap_i
-        C[C_CWR] = TH_CWR if cfg.cwr_flushes else 0
+        C[C_CWR] = rules.r14_1_cwr_mask(cfg)
         C[C_GSO_AUTO] = cfg.input_is_gso is not False
         C[C_NEEDS_DF] = cfg.fixedid_needs_df
         C[C_MAXSKBS] = min(BIG, cfg.max_gro_skbs)  # a bucket never holds 2**62 entries: BIG == inf
         C[C_HZ] = cfg.hz
         C[C_PHASE] = cfg.jiffy_phase_ns
-        C[C_FLUSH_OLD_FULL] = cfg.hz >= 1000
+        C[C_FLUSH_OLD_FULL] = rules.r21_3_flush_old_on_full_budget(cfg)
         C[C_TMO] = cfg.gro_flush_timeout_ns
         C[C_WEIGHT] = cfg.napi_weight
         C[C_DEFER] = cfg.napi_defer_hard_irqs

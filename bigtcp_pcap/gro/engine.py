@@ -11,10 +11,11 @@ with the reason it was completed::
 The engine keeps only what the kernel keeps: the held super-packets (bounded by buckets x MAX_GRO_SKBS per RX
 queue) plus a small table per flow key (its hash, and the MSS used to recognise already aggregated input).
 
-Structure, for a compiled port: all per-packet inputs are precomputed as flat columns (``prepare.py``),
-the state of a held entry is a fixed set of integer fields (``_Held``), reasons are small integers, and the
-loop in ``_run`` touches nothing else. That port is ``compiled.CompiledGroEngine`` (numba, identical rows,
-the default of ``api.analyze``); this engine stays the readable reference it is tested against.
+Structure: every rule (the R14/R15 merge verdict and its reason, R2 detection, R16/R17, R20, R21 poll ends
+and timers) is a function in ``rules.py``; this engine calls them as plain Python and keeps only the kernel's
+bookkeeping (held entries per bucket and queue, poll state, per-flow facts) as Python objects. The compiled
+port, ``compiled.CompiledGroEngine`` (numba, the default of ``api.analyze``), inlines the same functions over
+flat arrays; this engine is the readable oracle its bookkeeping is tested against.
 
 Modelling choices (gro-spec section 7):
 
@@ -49,29 +50,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..decode.schema import (
-    BIGTCP_HBH_JUMBO,
-    BIGTCP_NONE,
-    BIGTCP_V4_TOTLEN0,
-    BIGTCP_V6_PLEN0,
-    TH_CWR,
-    TH_FIN,
-    TH_PSH,
-    TH_RST,
-    TH_SYN,
-    TH_URG,
-    PacketBatch,
-)
+from ..decode.schema import TH_SYN, PacketBatch
 from . import reasons as R
-from .config import GRO_LEGACY_MAX_SIZE, GroConfig
+from . import rules
+from .config import GroConfig
 from .prepare import KIND_ALONE, KIND_TCP, Prepared, prepare
-from .superpacket import SOURCE_OBSERVED, SOURCE_REBUILT, SuperPacketBatch
+from .rules import M32, py
+from .superpacket import SuperPacketBatch
 
-M32 = 0xFFFFFFFF
-ALONE_FLAGS = TH_URG | TH_PSH | TH_RST | TH_SYN | TH_FIN  # R16/R17: these complete p / keep a packet out
-ORED_FLAGS = TH_PSH | TH_FIN  # R16: ORed into p's header on merge
-IPV6_MAXPLEN = 65535
-NO_LIMIT = 1 << 62
+# the rules, as plain Python (the compiled engine inlines the same source)
+merge_verdict = py(rules.merge_verdict)
+r2_syn_mss, r2_plain_limit, r2_gso_size, r2_gso_segs = (py(f) for f in (
+    rules.r2_syn_mss, rules.r2_plain_limit, rules.r2_gso_size, rules.r2_gso_segs))
+r16_completes, r16_ored_flags, r16_reason = py(rules.r16_completes), py(rules.r16_ored_flags), py(rules.r16_reason)
+r17_goes_alone, r17_alone_reason = py(rules.r17_goes_alone), py(rules.r17_alone_reason)
+r20_completed, r20_observed = py(rules.r20_completed), py(rules.r20_observed)
+r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = py(rules.r21_4_jiffy), py(rules.r21_2_poll_ended), py(
+    rules.r21_5_poll_end)
+r21_3_budget_used = py(rules.r21_3_budget_used)
 
 
 class _Held:
@@ -116,13 +112,9 @@ class GroEngine:
     def __init__(self, config: GroConfig | None = None) -> None:
         cfg = config if config is not None else GroConfig()
         self.config = cfg
-        self._lim6 = cfg.gro_max_size
-        if cfg.ipv6_hbh and not cfg.hbh_headroom_ok:
-            # R15b: without 8 bytes of headroom for the HBH, IPv6 (<= 6.19) cannot pass 64 KiB
-            self._lim6 = min(self._lim6, GRO_LEGACY_MAX_SIZE)
-        self._lim4 = cfg.ipv4_limit
+        self._lim4, self._lim6 = rules.r15_limits(cfg)
         self._gap_ns = float(cfg.poll_gap_us) * 1000.0
-        self._cwr = TH_CWR if cfg.cwr_flushes else 0
+        self._cwr = rules.r14_1_cwr_mask(cfg)
         self._gso_auto = cfg.input_is_gso is not False
         self._needs_df = cfg.fixedid_needs_df
         # per NAPI instance (RX queue; one set of rx_queues per capture interface)
@@ -244,17 +236,11 @@ class GroEngine:
 
     def _syn_mss_of(self, g: int) -> int:
         """The connection's MSS bound from SYN options: min over both directions seen, 0 if none."""
-        vals = [m for m in (self._syn_mss.get(self._g_rdk[g]), self._syn_mss.get(self._g_dk[g])) if m]
-        return min(vals) if vals else 0
+        return r2_syn_mss(self._syn_mss.get(self._g_rdk[g], 0), self._syn_mss.get(self._g_dk[g], 0))
 
     def _plain_limit(self, g: int) -> int:
         """R2 detection: a payload above this cannot be one wire segment of flow g."""
-        if not self._gso_auto:
-            return NO_LIMIT
-        m = self._syn_mss_of(g)
-        if m:
-            return m
-        return self.config.fallback_mtu - (20 if self._g_v4[g] else 40) - 20
+        return r2_plain_limit(self._gso_auto, self._syn_mss_of(g), self.config.fallback_mtu, self._g_v4[g])
 
     def _on_syn(self, g: int, mss: int) -> None:
         """Record a SYN's MSS option and refresh the R2 limits of both directions."""
@@ -267,12 +253,7 @@ class GroEngine:
 
     def _gso_size(self, g: int, tcp_hdr_len: int) -> int:
         """R2/R14.6: gso_size of an aggregated input: the SYN MSS less option bytes, else the largest segment."""
-        m = self._syn_mss_of(g)
-        if m:
-            return max(1, m - (tcp_hdr_len - 20))
-        if self._gmax[g]:
-            return self._gmax[g]
-        return max(1, self._glim[g] - (tcp_hdr_len - 20))
+        return r2_gso_size(self._syn_mss_of(g), self._gmax[g], self._glim[g], tcp_hdr_len)
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _run(self, b: PacketBatch, flow_id: np.ndarray, p: Prepared, gids: list[int],
@@ -309,7 +290,7 @@ class GroEngine:
         maxskbs = cfg.max_gro_skbs
         hz = cfg.hz
         phase = cfg.jiffy_phase_ns
-        flush_old_full = cfg.hz >= 1000
+        flush_old_full = rules.r21_3_flush_old_on_full_budget(cfg)
         qlast = self._qlast
         qn = self._qn
         qheld = self._qheld
@@ -333,7 +314,7 @@ class GroEngine:
                 now = self._timers(q, t, None if ps is None else ps[i])
             else:
                 last = qlast[q]
-                if last is not None and (t - last > gap if ps is None else ps[i]):
+                if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i]):
                     self._complete_poll(q, last, qn[q])
                 now = t
             qlast[q] = t
@@ -347,7 +328,7 @@ class GroEngine:
                 if ln > glim[g]:
                     # R2: already aggregated input, a GSO skb of gso_segs segments
                     gsz = self._gso_size(g, int(b.tcp_hdr_len[i]))
-                    cnt = -(-ln // gsz)
+                    cnt = r2_gso_segs(ln, gsz)
                 else:
                     gsz = 0
                     cnt = 1
@@ -355,47 +336,32 @@ class GroEngine:
                         gmax[g] = ln
                 merged = False
                 if e is not None:
-                    # R14 (all against p's first segment) and R15a, R15c
-                    ok = (not fm[i]  # R15c: a flush-marked packet never merges
-                          and not (f & cwr)  # R14.1: CWR on the new segment flushes (<= 6.19)
-                          and fwm[i] == e.fwm  # R14.2: flag word (doff, ECE/URG/ACK/RST/SYN, window) must match
-                          and ack[i] == e.ack  # R14.3: ack_seq must match
-                          and opt[i] == e.opt  # R14.4: every option byte must match
-                          and l3w[i] == e.l3w  # R8/R11/R14.5: TTL/hop limit, TOS/TC, DF must match
-                          and seq[i] == e.nxt  # R14.7: contiguous (mod 2^32)
-                          and (gsz == e.mss if gsz else 0 < ln <= e.mss)  # R14.6: MSS rule / GSO gso_size
-                          and e.plen + ln < e.limit)  # R15a: p->len + len >= limit refuses
-                    if ok and e.v4:
-                        # R14.5: IPv4 ID: fixed (delta 0) or incrementing (delta == count) as decided on packet 2
-                        d = (ipid[i] - e.id0) & 0xFFFF
-                        if e.count == 1 and d == 0 and (l3w[i] & 1 or not needs_df):
-                            e.fixed = True
-                        ok = d == 0 if e.fixed else d == e.count
-                    if ok:
+                    # R14 (all against p's first segment), R15a, R15c
+                    why, fixed = merge_verdict(fm[i], f, cwr, fwm[i], ack[i], opt[i], l3w[i], seq[i], ln, gsz,
+                                               ipid[i], needs_df, e.v4, e.fwm, e.ack, e.opt, e.l3w, e.nxt, e.mss,
+                                               e.plen, e.limit, e.id0, e.count, e.fixed)
+                    if why == rules.MERGE:
                         # R15: merge; count += gso_segs, p->len += len
+                        e.fixed = fixed
                         e.plen += ln
                         e.count += cnt
                         e.npk += 1
                         e.nxt = (e.nxt + ln) & M32
-                        e.flags |= f & ORED_FLAGS  # R16: PSH and FIN ORed into p's header
+                        e.flags |= r16_ored_flags(f)
                         e.f1 = frame[i]
                         e.t1 = t
                         merged = True
-                        # R16: complete p now if the segment is short or carries URG/PSH/RST/SYN/FIN
-                        short = (ln != cnt * gsz) if gsz else (ln < e.mss)
-                        if short or f & ALONE_FLAGS:
-                            complete(e, _r16_reason(f))
+                        if r16_completes(ln, cnt, gsz, e.mss, f):
+                            complete(e, r16_reason(f))
                     else:
-                        # R17: no merge -> p is flushed now
-                        complete(e, self._mismatch(e, fm[i], f, fwm[i], ack[i], opt[i], l3w[i], seq[i], ln, gsz,
-                                                   ipid[i]))
+                        complete(e, why)  # R17: no merge -> p is flushed now
                 if not merged:
                     # R17: deliver alone (flush-marked, no payload, URG/PSH/RST/SYN/FIN) or hold as a new p
-                    if fm[i] or f & ALONE_FLAGS or ((ln != cnt * gsz) if gsz else ln == 0):
+                    if r17_goes_alone(fm[i], f, ln, cnt, gsz):
                         if f & TH_SYN:
                             self._on_syn(g, int(b.tcp_mss[i]))
                         if ln:
-                            self._out.append(self._alone_row(b, i, flow_id, _alone_reason(fm[i], f), cnt, gsz))
+                            self._out.append(self._alone_row(b, i, flow_id, r17_alone_reason(fm[i], f), cnt, gsz))
                     else:
                         bkt = g_bucket[g]
                         bucket = buckets[q][bkt]
@@ -425,7 +391,7 @@ class GroEngine:
                         e.plen = h + ln  # p->len: L3 length
                         e.limit = lim4 if v4 else lim6  # R15a: netif_get_gro_max_size by protocol
                         e.flags = f
-                        e.age = ((now - phase) * hz) // 1_000_000_000  # R21.4: age = jiffies when held
+                        e.age = r21_4_jiffy(now, phase, hz)  # R21.4: age = jiffies when held
                         e.f0 = e.f1 = frame[i]
                         e.t0 = e.t1 = t
                         bucket.append(e)
@@ -437,7 +403,7 @@ class GroEngine:
 
             # R21.3: a poll that used its whole budget (napi_weight packets of this queue)
             c = qn[q] + 1
-            if c >= weight:
+            if r21_3_budget_used(c, weight):
                 c = 0
                 if qheld[q]:
                     if flush_old_full:
@@ -466,24 +432,15 @@ class GroEngine:
 
     def _flush_old(self, q: int, now: int) -> None:
         """R21.4 flush_old: per bucket (ascending) oldest to newest, stopping at the first entry of this jiffy."""
-        jiffy = ((now - self.config.jiffy_phase_ns) * self.config.hz) // 1_000_000_000
+        jiffy = r21_4_jiffy(now, self.config.jiffy_phase_ns, self.config.hz)
         for bucket in self._buckets[q]:
             while bucket and bucket[0].age != jiffy:
                 self._complete(bucket[0], R.NAPI_POLL)
 
     def _complete_poll(self, q: int, tnow: int, work: int) -> None:
         """R21.2/R21.5 napi_complete_done(work) at time tnow: flush all, or only old entries + arm the timer."""
-        tmo = self.config.gro_flush_timeout_ns
-        timeout = 0
-        if work:
-            if self._qheld[q]:
-                timeout = tmo
-            self._qdefer[q] = self.config.napi_defer_hard_irqs
-        masked = False
-        if self._qdefer[q] > 0:
-            self._qdefer[q] -= 1
-            timeout = tmo
-            masked = tmo > 0
+        timeout, masked, self._qdefer[q] = r21_5_poll_end(work, self._qheld[q], self.config.gro_flush_timeout_ns,
+                                                          self.config.napi_defer_hard_irqs, self._qdefer[q])
         if self._qheld[q]:
             if timeout:
                 self._flush_old(q, tnow)
@@ -507,7 +464,7 @@ class GroEngine:
                 self._complete_poll(q, dl, self._qn[q])
                 continue
             last = self._qlast[q]
-            if last is not None and (t - last > self._gap_ns if mark is None else mark):
+            if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark):
                 self._complete_poll(q, last, self._qn[q])
                 continue
             dl = self._qdeadline[q]
@@ -520,21 +477,8 @@ class GroEngine:
     def _row(self, e: _Held, reason: int) -> tuple:
         """R20: what the receiver sees for a completed p."""
         l3 = e.plen
-        frame_len = e.l2 + l3
-        big = BIGTCP_NONE
-        gso = 0
-        if e.count > 1:
-            gso = e.mss
-            if e.v4:
-                if l3 > 65535:
-                    big = BIGTCP_V4_TOTLEN0  # R20: tot_len = 0 above 65535
-            elif l3 - 40 > IPV6_MAXPLEN:
-                if self.config.ipv6_hbh:
-                    big = BIGTCP_HBH_JUMBO  # R20 (<= 6.19): 8-byte HBH jumbo inserted, payload_len 0
-                    frame_len += 8
-                else:
-                    big = BIGTCP_V6_PLEN0  # R20 (7.0): payload_len 0, no extension header
-        source = SOURCE_OBSERVED if (e.gso and e.npk == 1) else SOURCE_REBUILT
+        frame_len, big, gso = r20_completed(e.l2, l3, e.count, e.mss, e.v4, self.config.ipv6_hbh)
+        source = r20_observed(e.gso, e.npk)
         return (e.fid, 4 if e.v4 else 6, e.sport, e.dport, e.seq0, l3 - e.hdr, e.count, l3, frame_len, big,
                 e.f0, e.f1, e.t0, e.t1, reason, source, e.flags, e.ack, gso)
 
@@ -545,50 +489,8 @@ class GroEngine:
         t = int(b.ts_ns[i])
         return (int(flow_id[i]), int(b.ip_version[i]), int(b.sport[i]), int(b.dport[i]), int(b.tcp_seq[i]),
                 int(b.tcp_payload_len[i]), cnt, int(b.ip_len[i]), int(b.wirelen[i]), int(b.bigtcp[i]), frame,
-                frame, t, t, reason, SOURCE_OBSERVED if gsz else SOURCE_REBUILT, int(b.tcp_flags[i]),
+                frame, t, t, reason, r20_observed(gsz != 0, 1), int(b.tcp_flags[i]),
                 int(b.tcp_ack[i]), gsz)
-
-    def _mismatch(self, e: _Held, fm: bool, f: int, fwm: int, ack: int, opt: int, l3w: int, seq: int, ln: int,
-                  gsz: int, ipid: int) -> int:
-        """Why a packet could not merge into p: the most specific failing check (order in reasons.py)."""
-        if fm:
-            return R.FLUSH_MARKED  # R15c (R2/R7/R11)
-        if f & TH_RST:
-            return R.RST  # R14.2
-        if f & TH_SYN:
-            return R.SYN  # R14.2
-        if f & TH_URG:
-            return R.URG  # R14.2
-        if f & self._cwr:
-            return R.CWR  # R14.1
-        if ln == 0:
-            return R.FIN if f & TH_FIN else R.NO_PAYLOAD  # R14.6: (len - 1) >= mss for len 0
-        if seq != e.nxt:
-            return R.SEQ_GAP  # R14.7
-        if ack != e.ack:
-            return R.ACK_CHANGE  # R14.3
-        d = fwm ^ e.fwm
-        if d:
-            if d >> 28:
-                return R.OPTION_CHANGE  # R14.2: data offset differs (option length)
-            if d >> 16:
-                return R.CWR if (d >> 16) & TH_CWR else R.FLAGS  # R14.2 (CWR compared on 7.0)
-            return R.WINDOW_CHANGE  # R14.2: window field
-        if opt != e.opt:
-            return R.OPTION_CHANGE  # R14.4
-        if l3w != e.l3w:
-            return R.IP_CHANGE  # R8/R11
-        if e.v4:
-            dlt = (ipid - e.id0) & 0xFFFF
-            fixed = e.fixed or (e.count == 1 and dlt == 0 and (l3w & 1 or not self._needs_df))
-            if dlt != (0 if fixed else e.count):
-                return R.IP_ID  # R14.5
-        if gsz:
-            if gsz != e.mss:
-                return R.GSO_SIZE_MISMATCH  # R14.6
-        elif ln > e.mss:
-            return R.MSS_EXCEEDED  # R14.6
-        return R.SIZE_LIMIT  # R15a/R15b
 
 
 def _poll_marks(poll_start: np.ndarray | None, n: int) -> np.ndarray | None:
@@ -600,30 +502,3 @@ def _poll_marks(poll_start: np.ndarray | None, n: int) -> np.ndarray | None:
         raise ValueError(f"poll_start must have one entry per packet: shape {ps.shape}, {n} packets")
     return (ps != 0).astype(np.uint8)
 
-
-def _r16_reason(f: int) -> int:
-    """R16: why p completed right after merging a segment with flags f (else it was short)."""
-    if f & TH_FIN:
-        return R.FIN
-    if f & TH_PSH:
-        return R.PSH
-    if f & TH_URG:
-        return R.URG
-    if f & TH_RST:
-        return R.RST
-    if f & TH_SYN:
-        return R.SYN
-    return R.SHORT_SEGMENT
-
-
-def _alone_reason(fm: bool, f: int) -> int:
-    """R17: why a payload-carrying packet was delivered alone instead of held."""
-    if fm:
-        return R.FLUSH_MARKED
-    if f & TH_RST:
-        return R.RST
-    if f & TH_SYN:
-        return R.SYN
-    if f & ALONE_FLAGS:
-        return _r16_reason(f)
-    return R.SHORT_SEGMENT  # a GSO input with len != count * gso_size

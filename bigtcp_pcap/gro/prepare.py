@@ -20,18 +20,18 @@ from ..decode.schema import (
     ST_TRUNC_L3,
     ST_TRUNC_L4,
     ST_UNKNOWN_LINKTYPE,
-    TH_CWR,
-    TH_FIN,
-    TH_PSH,
     PacketBatch,
 )
+from . import rules
 from .config import GroConfig
 
 KIND_OTHER = 0  # no TCP GRO: delivered alone, held entries untouched, no row (non-IP, UDP, fragments, ...)
 KIND_ALONE = 1  # a TCP segment GRO gives up on (R5/R9/R12, R19): delivered alone, untouched, row if payload
 KIND_TCP = 2  # goes through tcp_gro_receive
 
-ETH_MIN_FRAME = 60  # frames shorter than this are padded on Ethernet (without FCS)
+ETH_MIN_FRAME = rules.ETH_MIN_FRAME
+_flushmark, _flag_word, _l3_word = (rules.py(f) for f in (rules.r7_r11_flushmark, rules.r14_2_flag_word,
+                                                            rules.r8_r11_l3_word))
 
 NO_GRO_STATUS = ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_MALFORMED | ST_IP_FRAGMENT | ST_L4_UNKNOWN | ST_TRUNC_L2 | ST_TRUNC_L3
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -64,11 +64,6 @@ def _mix(h: np.ndarray, x: np.ndarray) -> np.ndarray:
     return h
 
 
-def ignored_flag_bits(cfg: GroConfig) -> int:
-    """R14.1/R14.2: flag bits left out of the flag-word comparison (CWR, FIN, PSH; 7.0 compares CWR)."""
-    return (TH_CWR | TH_FIN | TH_PSH) if cfg.cwr_flushes else (TH_FIN | TH_PSH)
-
-
 def flow_hash_of(ver: np.ndarray, key_cols: tuple[np.ndarray, ...]) -> np.ndarray:
     """Flow hash (skb->hash stand-in, gro-spec section 6) of rows given by their IP version and ``key_cols``:
     addresses, ports, protocol and the IPv6 flow label, as the kernel's software flow dissector hash does."""
@@ -98,20 +93,15 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
     giveup = tcp & ((v4 & (b.ip_hdr_len != 20)) | ((status & ST_TRUNC_L4) != 0) | (b.tunnel != 0))
     kind = np.where(tcp & ~giveup, KIND_TCP, np.where(giveup, KIND_ALONE, KIND_OTHER)).astype(np.int8)
 
-    # R7/R11: flush-mark when the length field disagrees with the L3 bytes of the frame (wirelen based).
+    # R7/R11 (the length field against the frame's L3 bytes, the evil bit), R14.2 and R8/R11: the same rule
+    # functions the compiled loop inlines, on whole columns
     declared = b.ip_len_field.astype(np.int64) + np.where(v6, 40, 0)
-    frame_l3 = b.wirelen.astype(np.int64) - b.l3_off.astype(np.int64)
-    mismatch = declared != frame_l3
-    if not cfg.treat_padding_as_flush:
-        padded = (declared > 0) & (declared < frame_l3) & (b.l3_off.astype(np.int64) + declared < ETH_MIN_FRAME)
-        mismatch &= ~padded
-    # R7: the reserved "evil" bit of IPv4 flag-marks too.
-    flushmark = mismatch | (v4 & (b.ip_evil != 0))
-
-    keep = np.int64(0x1FF & ~ignored_flag_bits(cfg))
-    flagword = ((b.tcp_hdr_len.astype(np.int64) >> 2) << 28) | ((b.tcp_flags.astype(np.int64) & keep) << 16) \
-        | b.tcp_win.astype(np.int64)
-    l3word = (b.ttl.astype(np.int64) << 16) | (b.tos.astype(np.int64) << 8) | np.where(v4, b.df, 0).astype(np.int64)
+    l3o = b.l3_off.astype(np.int64)
+    flushmark = _flushmark(declared, b.wirelen.astype(np.int64) - l3o, l3o, bool(cfg.treat_padding_as_flush), v4,
+                           b.ip_evil)
+    flagword = _flag_word(b.tcp_hdr_len.astype(np.int64), b.tcp_flags.astype(np.int64),
+                          b.tcp_win.astype(np.int64), np.int64(rules.r14_2_kept_flags(cfg)))
+    l3word = _l3_word(b.ttl.astype(np.int64), b.tos.astype(np.int64), np.where(v4, b.df, 0).astype(np.int64))
     hdr_len = b.ip_hdr_len.astype(np.int64) + b.tcp_hdr_len.astype(np.int64)
 
     src = np.ascontiguousarray(b.src).view(np.uint64).reshape(n, 2)

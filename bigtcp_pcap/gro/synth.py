@@ -118,13 +118,18 @@ class SynthFlow:
         self.t += ns
 
 
-def simulate(pkts: list[dict[str, Any]], config: Any = None, **config_kw: Any) -> Any:
-    """Feed packet dicts to a fresh GroEngine (config, or GroConfig(**config_kw)), flush, return all rows."""
+ENGINE = "reference"
+"""The engine ``simulate`` builds when none is named (tests/gro/test_rules.py runs every rule on both)."""
+
+
+def simulate(pkts: list[dict[str, Any]], config: Any = None, *, engine: str | None = None, **config_kw: Any) -> Any:
+    """Feed packet dicts to a fresh GRO engine (``engine``: "reference" or "compiled", default ``ENGINE``) with
+    ``config`` or ``GroConfig(**config_kw)``, flush, return all rows."""
+    from . import make_engine
     from .config import GroConfig
-    from .engine import GroEngine
     from .superpacket import SuperPacketBatch
 
-    eng = GroEngine(config if config is not None else GroConfig(**config_kw))
+    eng = make_engine(engine or ENGINE, config if config is not None else GroConfig(**config_kw))
     return SuperPacketBatch.concat([eng.feed(build_batch(pkts), flow_ids(pkts)), eng.flush()])
 
 

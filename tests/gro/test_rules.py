@@ -1,6 +1,7 @@
 """One test per GRO rule (gro-spec.md R2, R4-R23), built from hand-made segment streams.
 
-Every test asserts exact super-packet segment counts, payload lengths and flush reasons.
+Every test asserts exact super-packet segment counts, payload lengths and flush reasons, and runs on both
+engines (the compiled one users get, and the reference): the rules themselves live once, in gro/rules.py.
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from bigtcp_pcap.decode.schema import (
     TH_PSH,
     TH_SYN,
 )
-from bigtcp_pcap.gro import GroConfig, SuperPacketBatch
+from bigtcp_pcap.gro import GroConfig, SuperPacketBatch, make_engine, synth
 from bigtcp_pcap.gro.prepare import prepare
 from bigtcp_pcap.gro.synth import SynthFlow, build_batch, flow_ids, simulate
 
 US = 1000
+
+
+@pytest.fixture(autouse=True, params=["compiled", "reference"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of this module once per engine: ``simulate`` builds the engine named here."""
+    monkeypatch.setattr(synth, "ENGINE", request.param)
+    return request.param
 
 
 def segs(r: SuperPacketBatch) -> list[int]:
@@ -628,12 +636,10 @@ def _mixed_stream() -> list[dict]:
     return pk
 
 
-def test_batches_of_any_size_give_the_same_rows():
-    from bigtcp_pcap.gro import GroEngine
-
+def test_batches_of_any_size_give_the_same_rows(engine: str):
     pk = _mixed_stream()
     whole = simulate(pk, gro_max_size=30000)
-    eng = GroEngine(GroConfig(gro_max_size=30000))
+    eng = make_engine(engine, GroConfig(gro_max_size=30000))
     parts, i, step = [], 0, 1
     while i < len(pk):
         chunk = pk[i:i + step]

@@ -1,0 +1,321 @@
+"""Every GRO rule once: small functions named and cited by their gro-spec.md R-number.
+
+Both engines call these and nothing else decides a rule. ``compiled.CompiledGroEngine`` inlines them into its
+numba loop; the reference ``engine.GroEngine`` calls the very same source as plain Python (``py()``), so the
+reference keeps only its state bookkeeping (Python objects instead of flat arrays) and the differential test
+between the two checks that bookkeeping, while the rule tests (tests/gro/test_rules.py, run on both engines),
+the kernel's own GRO selftest vectors and the kernel capture pairs check the rules themselves.
+
+The functions take and return plain integers and booleans (numba scalars in the compiled loop). The
+per-packet words of R7/R11/R14.2/R8 also accept numpy arrays (``prepare.prepare`` computes them for a whole
+batch with the same functions): they use only arithmetic and bitwise operators.
+
+``grep -n R14 bigtcp_pcap/gro/rules.py`` lands on the merge test; the reason names and their order are in
+``reasons.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._native import njit
+from ..decode.schema import (
+    BIGTCP_HBH_JUMBO,
+    BIGTCP_NONE,
+    BIGTCP_V4_TOTLEN0,
+    BIGTCP_V6_PLEN0,
+    TH_CWR,
+    TH_FIN,
+    TH_PSH,
+    TH_RST,
+    TH_SYN,
+    TH_URG,
+)
+from . import reasons as R
+from .config import GRO_LEGACY_MAX_SIZE, GroConfig
+
+M32 = 0xFFFFFFFF
+NO_LIMIT = 1 << 62  # R2 detection off (input_is_gso=False): no payload is "larger than one segment"
+IPV6_MAXPLEN = 65535
+ETH_MIN_FRAME = 60  # R7: frames shorter than this are padded on Ethernet (without FCS)
+FLAG_BITS = 0x1FF  # the TCP flag bits the decoder keeps (tcp_flags), compared by R14.2
+ALONE_FLAGS = TH_URG | TH_PSH | TH_RST | TH_SYN | TH_FIN  # R16/R17: these complete p / keep a packet out
+ORED_FLAGS = TH_PSH | TH_FIN  # R16: ORed into p's header on merge
+MERGE = 0  # merge_verdict: the packet joins p (reasons.py has no code 0)
+
+
+def py(f: Any) -> Any:
+    """The plain Python function behind a rule (the reference engine's way to call it)."""
+    return getattr(f, "py_func", f)
+
+
+# --- configuration-level rules (Python: evaluated once per engine) ------------------------------------------
+def r15_limits(cfg: GroConfig) -> tuple[int, int]:
+    """R15a/R15b: (IPv4 limit, IPv6 limit) that ``p->len + len`` must stay below.
+
+    R15a picks the limit by protocol (netif_get_gro_max_size); R15b: without 8 bytes of headroom for the HBH,
+    IPv6 (<= 6.19) cannot pass 64 KiB."""
+    lim6 = cfg.gro_max_size
+    if cfg.ipv6_hbh and not cfg.hbh_headroom_ok:
+        lim6 = min(lim6, GRO_LEGACY_MAX_SIZE)
+    return cfg.ipv4_limit, lim6
+
+
+def r14_1_cwr_mask(cfg: GroConfig) -> int:
+    """R14.1: the CWR bit forces a flush on kernels <= 6.19 (7.0 compares it in the flag word instead)."""
+    return TH_CWR if cfg.cwr_flushes else 0
+
+
+def r14_2_kept_flags(cfg: GroConfig) -> int:
+    """R14.1/R14.2: the flag bits the flag-word comparison keeps: all but FIN and PSH (and CWR up to 6.19)."""
+    ignored = (TH_CWR | TH_FIN | TH_PSH) if cfg.cwr_flushes else (TH_FIN | TH_PSH)
+    return FLAG_BITS & ~ignored
+
+
+def r21_3_flush_old_on_full_budget(cfg: GroConfig) -> bool:
+    """R21.3: a full-budget poll flushes everything at HZ < 1000, only older jiffies' entries at HZ >= 1000."""
+    return cfg.hz >= 1000
+
+
+# --- per-packet words (scalars in the compiled loop, arrays in prepare) -------------------------------------
+@njit(cache=True, inline="always")
+def r7_r11_flushmark(declared, frame_l3, l3_off, pad_flush, v4, evil):
+    """R7/R11 (and R2's BIG TCP input): flush-marked when the IP length field (``declared``, IPv6 incl. the
+    fixed header) disagrees with the L3 bytes of the frame, or (IPv4) the reserved evil bit is set.
+
+    With ``pad_flush`` false, Ethernet padding (a short frame with more L3 bytes than declared) is not a
+    mismatch. Bitwise operators only: works on numpy arrays too."""
+    mism = declared != frame_l3
+    padded = (declared > 0) & (declared < frame_l3) & (l3_off + declared < ETH_MIN_FRAME)
+    return (mism & (pad_flush | (padded ^ True))) | (v4 & (evil != 0))
+
+
+@njit(cache=True, inline="always")
+def r14_2_flag_word(tcp_hdr_len, tcp_flags, tcp_win, kept):
+    """R14.2: tcp_flag_word as compared: data offset, the kept flag bits and the 16-bit window, packed."""
+    return ((tcp_hdr_len >> 2) << 28) | ((tcp_flags & kept) << 16) | tcp_win
+
+
+@njit(cache=True, inline="always")
+def r8_r11_l3_word(ttl, tos, df):
+    """R8/R11: TTL/hop limit, TOS/traffic class and (IPv4) DF packed; any difference prevents merging.
+    ``df`` must be 0 for IPv6. Bit 0 is DF (R14.5 reads it)."""
+    return (ttl << 16) | (tos << 8) | df
+
+
+# --- R2: already aggregated input ---------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def r2_syn_mss(a, b):
+    """The connection's MSS bound from SYN options of both directions: the smaller one seen, 0 if none."""
+    if a and b:
+        return min(a, b)
+    return a if a else b
+
+
+@njit(cache=True, inline="always")
+def r2_plain_limit(gso_auto, syn_mss, fallback_mtu, v4):
+    """R2 detection: a payload above this cannot be one wire segment (the SYN MSS, else what fits the MTU)."""
+    if not gso_auto:
+        return NO_LIMIT
+    if syn_mss:
+        return syn_mss
+    return fallback_mtu - (20 if v4 else 40) - 20
+
+
+@njit(cache=True, inline="always")
+def r2_gso_size(syn_mss, largest_plain, plain_limit, tcp_hdr_len):
+    """R2/R14.6: gso_size of an aggregated input: the SYN MSS less the option bytes, else the largest plain
+    segment seen on the flow, else the plain limit less the option bytes."""
+    if syn_mss:
+        return max(1, syn_mss - (tcp_hdr_len - 20))
+    if largest_plain:
+        return largest_plain
+    return max(1, plain_limit - (tcp_hdr_len - 20))
+
+
+@njit(cache=True, inline="always")
+def r2_gso_segs(ln, gso_size):
+    """R2: gso_segs of an aggregated input: DIV_ROUND_UP(payload, gso_size)."""
+    return (ln + gso_size - 1) // gso_size
+
+
+# --- R14/R15: can the new packet join the held p? -----------------------------------------------------------
+@njit(cache=True, inline="always")
+def merge_verdict(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, gsz, ipid, needs_df, v4,
+                  p_fwm, p_ack, p_opt, p_l3w, p_nxt, p_mss, p_plen, p_limit, p_id0, p_count, p_fixed):
+    """R14 (every check against p's first segment) and R15a/R15c: (MERGE or the reason, p's fixed-ID mode).
+
+    The kernel ORs its checks; when several fail, the reason is the most specific one, in the order of
+    reasons.py. The second value is p's IPv4 fixed-ID mode after this packet (R14.5), meaningful on a merge.
+    p never holds a segment with RST, SYN or URG (R17), so an equal flag word rules them out."""
+    if fm:
+        return R.FLUSH_MARKED, p_fixed  # R15c (R2/R7/R11): a flush-marked packet never merges
+    if f & TH_RST:
+        return R.RST, p_fixed  # R14.2
+    if f & TH_SYN:
+        return R.SYN, p_fixed  # R14.2
+    if f & TH_URG:
+        return R.URG, p_fixed  # R14.2
+    if f & cwr_mask:
+        return R.CWR, p_fixed  # R14.1: CWR on the new segment flushes (<= 6.19)
+    if ln == 0:
+        return (R.FIN if f & TH_FIN else R.NO_PAYLOAD), p_fixed  # R14.6: (len - 1) >= mss for len 0
+    if seq != p_nxt:
+        return R.SEQ_GAP, p_fixed  # R14.7: contiguous (mod 2^32)
+    if ack != p_ack:
+        return R.ACK_CHANGE, p_fixed  # R14.3: ack_seq must match
+    d = fwm ^ p_fwm
+    if d:
+        if d >> 28:
+            return R.OPTION_CHANGE, p_fixed  # R14.2: data offset differs (option length)
+        if d >> 16:
+            return (R.CWR if (d >> 16) & TH_CWR else R.FLAGS), p_fixed  # R14.2 (CWR compared on 7.0)
+        return R.WINDOW_CHANGE, p_fixed  # R14.2: the window field
+    if opt != p_opt:
+        return R.OPTION_CHANGE, p_fixed  # R14.4: every option byte must match
+    if l3w != p_l3w:
+        return R.IP_CHANGE, p_fixed  # R8/R11/R14.5: TTL/hop limit, TOS/TC, DF
+    fixed = p_fixed
+    if v4:
+        # R14.5: IPv4 ID fixed (delta 0) or incrementing (delta == count), the mode decided on packet 2;
+        # before 6.18 the fixed mode needed DF
+        dlt = (ipid - p_id0) & 0xFFFF
+        if p_count == 1 and dlt == 0 and ((l3w & 1) != 0 or not needs_df):
+            fixed = True
+        if dlt != (0 if fixed else p_count):
+            return R.IP_ID, p_fixed
+    if gsz:
+        if gsz != p_mss:
+            return R.GSO_SIZE_MISMATCH, p_fixed  # R14.6: a GSO input's gso_size must equal p's mss
+    elif ln > p_mss:
+        return R.MSS_EXCEEDED, p_fixed  # R14.6: (len - 1) >= mss
+    if p_plen + ln >= p_limit:
+        return R.SIZE_LIMIT, p_fixed  # R15a/R15b: p->len + len >= limit refuses
+    return MERGE, fixed
+
+
+# --- R16/R17: after a merge, and packets that never join -----------------------------------------------------
+@njit(cache=True, inline="always")
+def r16_completes(ln, cnt, gsz, mss, f):
+    """R16: after merging, p completes now if the segment is short (GSO input: len != count * gso_size) or
+    carries URG, PSH, RST, SYN or FIN."""
+    short = (ln != cnt * gsz) if gsz else (ln < mss)
+    return short or (f & ALONE_FLAGS) != 0
+
+
+@njit(cache=True, inline="always")
+def r16_ored_flags(f):
+    """R16: the new segment's PSH and FIN are ORed into p's header."""
+    return f & ORED_FLAGS
+
+
+@njit(cache=True)
+def r16_reason(f):
+    """R16: why p completed right after merging a segment with flags f (else it was short)."""
+    if f & TH_FIN:
+        return R.FIN
+    if f & TH_PSH:
+        return R.PSH
+    if f & TH_URG:
+        return R.URG
+    if f & TH_RST:
+        return R.RST
+    if f & TH_SYN:
+        return R.SYN
+    return R.SHORT_SEGMENT
+
+
+@njit(cache=True, inline="always")
+def r17_goes_alone(fm, f, ln, cnt, gsz):
+    """R17: a packet that did not merge is delivered alone (never held) if it is flush-marked, carries URG,
+    PSH, RST, SYN or FIN, or has no payload (a GSO input: len != count * gso_size)."""
+    return fm or (f & ALONE_FLAGS) != 0 or ((ln != cnt * gsz) if gsz else (ln == 0))
+
+
+@njit(cache=True)
+def r17_alone_reason(fm, f):
+    """R17: why a payload-carrying packet was delivered alone instead of held."""
+    if fm:
+        return R.FLUSH_MARKED
+    if f & TH_RST:
+        return R.RST
+    if f & TH_SYN:
+        return R.SYN
+    if f & ALONE_FLAGS:
+        return r16_reason(f)
+    return R.SHORT_SEGMENT  # a GSO input with len != count * gso_size
+
+
+# --- R20: what the stack and tcpdump see ---------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def r20_completed(l2, l3, count, mss, v4, hbh):
+    """R20: (frame length, BIG TCP encoding, gso_size) of a completed p with L3 length ``l3``.
+
+    count 1 goes up unchanged (gso_size 0). Above 64 KiB IPv4 gets tot_len 0; IPv6 gets the 8-byte HBH jumbo
+    header (<= 6.19, ``hbh``) or payload_len 0 without it (7.0)."""
+    frame_len = l2 + l3
+    big = BIGTCP_NONE
+    gso = 0
+    if count > 1:
+        gso = mss
+        if v4:
+            if l3 > 65535:
+                big = BIGTCP_V4_TOTLEN0
+        elif l3 - 40 > IPV6_MAXPLEN:
+            if hbh:
+                big = BIGTCP_HBH_JUMBO
+                frame_len += 8
+            else:
+                big = BIGTCP_V6_PLEN0
+    return frame_len, big, gso
+
+
+@njit(cache=True, inline="always")
+def r20_observed(gso_input, npk):
+    """R2/R20: a row is ``observed`` when it is one input packet that was already an aggregate and GRO added
+    nothing to it (superpacket.SOURCE_OBSERVED = 1), else ``rebuilt`` (0)."""
+    return 1 if (gso_input and npk == 1) else 0
+
+
+# --- R21: NAPI polls ------------------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def r21_4_jiffy(now, phase, hz):
+    """R21.4: jiffies at time ``now``: floor((now - phase) * hz / 1e9), without int64 overflow (hz <= 10**6)."""
+    x = now - phase
+    qd = x // 1_000_000_000
+    r = x - qd * 1_000_000_000
+    return qd * hz + (r * hz) // 1_000_000_000
+
+
+@njit(cache=True, inline="always")
+def r21_2_poll_ended(has_last, t, last, gap, marked, mark):
+    """R21.2 (section 7.1): the running poll ended before a packet at t: an idle gap longer than poll_gap_us
+    since the poll's last packet, or, when poll starts are known (``marked``), the packet is marked."""
+    return has_last and (mark if marked else t - last > gap)
+
+
+@njit(cache=True, inline="always")
+def r21_5_poll_end(work, held, tmo, defer_hard_irqs, defer_count):
+    """R21.2/R21.5 napi_complete_done(work): (timer timeout, IRQs stay masked, new defer count).
+
+    A poll that did work with entries held arms gro_flush_timeout and refills the defer count; while the
+    count lasts, the poll re-arms the timer with IRQs masked. A timeout of 0 flushes everything (R21.2), else
+    only old entries (R21.4) and the timer poll follows."""
+    timeout = 0
+    if work:
+        if held:
+            timeout = tmo
+        defer_count = defer_hard_irqs
+    masked = False
+    if defer_count > 0:
+        defer_count -= 1
+        timeout = tmo
+        masked = tmo > 0
+    return timeout, masked, defer_count
+
+
+@njit(cache=True, inline="always")
+def r21_3_budget_used(work, weight):
+    """R21.3: the poll used its whole budget (napi_weight packets of the queue, every packet counts)."""
+    return work >= weight
+
