@@ -119,14 +119,17 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     ``filters``: pcap filter expressions to audit (``filter_audit.parquet``); None audits ``tcp``,
     ``ip6 and tcp`` and ``tcp port P`` for the busiest port and reports only those that mis-parse.
     ``wireshark_sidecar``: also write ``<capture>.bigtcp.tsv`` for the Lua plugin (implies ``packets``).
-    ``gro_engine``: "compiled" (numba, default) or "reference" (pure Python); identical super-packets.
+    ``gro_engine``: "compiled" (numba, default) or "reference" (pure Python, for tests); identical rows.
     ``sha256``: record the SHA-256 of the capture file in the tables' metadata (``source_sha256``; otherwise
     null). It costs about 0.6 s per GiB read, like ``capinfos -H`` it is asked for, not default.
     """
     packets = packets or wireshark_sidecar
     if source is None:
         source = sample_capture()
-    cfg = gro or GroConfig(**gro_params)
+    if gro is not None and gro_params:
+        raise TypeError(f"analyze() got both gro= and GRO keywords ({', '.join(sorted(gro_params))}): "
+                        "give one, e.g. gro=dataclasses.replace(gro, ...)")
+    cfg = gro if gro is not None else GroConfig(**gro_params)
     tmp = None
     if outdir is None:
         # removed when the Analysis is garbage-collected (or at exit): the tables live as long as it does

@@ -56,8 +56,6 @@ def analyze(
     rx_queues: Annotated[int, typer.Option(help="RX queues (NAPI instances)")] = 1,
     max_gro_skbs: Annotated[int, typer.Option(help="held packets per GRO bucket")] = 8,
     kernel: Annotated[str, typer.Option(help="kernel version behaviour: 6.17, 6.18, 6.19, 7.0")] = "6.18",
-    gro_engine: Annotated[str, typer.Option(
-        help="compiled (numba, default) or reference (pure Python, slow); identical super-packets")] = "compiled",
     filters: Annotated[list[str] | None, typer.Option(
         "--filter", help="pcap filter to audit (repeatable); default: tcp, ip6 and tcp, tcp port <busiest>")] = None,
     no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the filter audit")] = False,
@@ -73,7 +71,6 @@ def analyze(
     """
     from .api import analyze as run
     from .api import sample_capture
-    from .gro import make_engine
     from .gro.config import GroConfig
     from .output.summary import progress_bar, render
 
@@ -84,15 +81,13 @@ def analyze(
                         napi_weight=napi_weight, hz=hz, poll_gap_us=poll_gap_us,
                         gro_flush_timeout_ns=gro_flush_timeout_ns, napi_defer_hard_irqs=napi_defer_hard_irqs,
                         rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
-        make_engine(gro_engine, cfg)
     except (ValueError, UsageError) as e:
         raise _fail(str(e), EXIT_USAGE) from None
     show = not no_progress and sys.stderr.isatty()
     try:
         with progress_bar(show, err) as cb:
             result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=cb, filters=filters,
-                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar, gro_engine=gro_engine,
-                         sha256=sha256)
+                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar, sha256=sha256)
     except CaptureError as e:  # could not even start (missing file, not a capture)
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
     except UsageError as e:  # a bad filter expression, libpcap missing for an explicit --filter

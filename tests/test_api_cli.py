@@ -213,3 +213,20 @@ def test_repeat_string_equals_a_list():
         got = repeat_string(value, n)
         got.validate(full=True)
         assert got.equals(pa.chunked_array([pa.array([value] * n, pa.string())]))
+
+
+def test_analyze_refuses_a_config_and_gro_keywords_together():
+    from bigtcp_pcap.gro import GroConfig
+
+    with pytest.raises(TypeError, match="gro_max_size"):
+        bigtcp_pcap.analyze(gro=GroConfig(), gro_max_size=185000, audit=False)
+
+
+def test_analyze_refuses_a_misspelled_gro_keyword():
+    with pytest.raises(TypeError, match="gro_max_sizee"):
+        bigtcp_pcap.analyze(gro_max_sizee=185000, audit=False)
+
+
+def test_cli_has_no_engine_switch():
+    r = CliRunner().invoke(app, ["analyze", "--gro-engine", "reference"])
+    assert r.exit_code == 2 and "No such option" in r.output
