@@ -37,13 +37,19 @@ def tshark_fields(capture: Path, fields: list[str], display_filter: str | None =
 
 
 def write_pcap(path: Path, packets: list[bytes | tuple[bytes, int]], linktype: int = 1, snaplen: int = 262144,
-               nanos: bool = False) -> Path:
-    """A classic pcap file; a packet may be (bytes, wirelen) to record an original length > caplen."""
+               nanos: bool = False, times_us: list[int] | None = None) -> Path:
+    """A classic pcap file; a packet may be (bytes, wirelen) to record an original length > caplen.
+
+    Timestamps: packet i at 1_700_000_000 + i s (+ i ms), or ``times_us[i]`` microseconds after 1_700_000_000 s."""
     magic = 0xA1B23C4D if nanos else 0xA1B2C3D4
     out = [struct.pack("<IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype)]
     for i, p in enumerate(packets):
         data, wl = (p, len(p)) if isinstance(p, bytes) else p
-        out.append(struct.pack("<IIII", 1_700_000_000 + i, 1000 * i, len(data), wl) + data)
+        if times_us is None:
+            sec, frac = 1_700_000_000 + i, 1000 * i
+        else:
+            sec, frac = 1_700_000_000 + times_us[i] // 1_000_000, times_us[i] % 1_000_000 * (1000 if nanos else 1)
+        out.append(struct.pack("<IIII", sec, frac, len(data), wl) + data)
     path.write_bytes(b"".join(out))
     return path
 

@@ -47,7 +47,16 @@ def test_pandas_snippet(outdir):
     res = subprocess.run([sys.executable, "-c", code], cwd=outdir, capture_output=True, text=True, timeout=120,
                          check=False)
     assert res.returncode == 0, res.stderr
-    assert "flush_reason" in res.stdout or res.stdout.strip()
+    # the snippet prints (flow_id, flush_reason) -> count for flows that never pass 64 KiB; check those counts
+    # against DuckDB reading the same files with the README's own condition
+    printed = {(int(m[0]), m[1]): int(m[2]) for m in re.findall(r"^(\d+)\s+(\w+)\s+(\d+)$", res.stdout, re.M)}
+    duckdb = pytest.importorskip("duckdb")
+    con = duckdb.connect()
+    con.execute(f"SET file_search_path = '{outdir}'")
+    want = {(int(a), str(b)): int(c) for a, b, c in con.execute(
+        "SELECT s.flow_id, s.flush_reason, count(*) FROM 'out/superpackets.parquet' s JOIN 'out/flows.parquet' f "
+        "USING (flow_id) WHERE f.payload_bytes > 0 AND f.max_superpacket_len <= 65535 GROUP BY ALL").fetchall()}
+    assert printed and printed == want
 
 
 def test_cli_examples_in_readme_parse():

@@ -1,0 +1,115 @@
+"""The flow table's sequence bookkeeping (flows/table.py seq_kernel) against tshark's tcp.analysis flags.
+
+Per flow direction the table counts data segments that start below the highest sequence end seen so far:
+``out_of_order`` when such a segment fills a hole the capture had opened, ``retransmissions`` otherwise, and
+``capture_gap_bytes`` is the sequence space never shown. tshark flags the same segments, but splits them by
+time rather than by sequence space: tcp.analysis.out_of_order when the segment comes within its out-of-order
+threshold (3 ms without an RTT estimate) of the last one, tcp.analysis.retransmission otherwise. So the test
+checks that both flag exactly the same number of segments per flow, that ``out_of_order`` equals the number of
+those segments that cover new sequence space (worked out here from tshark's own seq/len fields), and the gap
+bytes likewise; and it runs every scenario twice, with 10 us and with 50 ms between packets, so that tshark's
+split changes while ours must not.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import craft as C
+import pytest
+from oracle import tshark_fields, write_pcap
+
+from bigtcp_pcap.api import analyze
+
+SYN, ACK, PSH, FIN = 0x02, 0x10, 0x08, 0x01
+
+
+def _seg(sport: int, seq: int, n: int, flags: int = ACK | PSH, v6: bool = False) -> bytes:
+    t = C.tcp(sport=sport, seq=seq, flags=flags) + b"x" * n
+    if v6:
+        return C.eth(0x86DD) + C.ipv6(len(t), 6) + t
+    return C.eth(0x0800) + C.ipv4(len(t)) + t
+
+
+# (name, sport, [(seq, payload length, flags)], microseconds between packets)
+SCENARIOS = [
+    ("in_order", 40001, [(1000, 100, ACK), (1100, 100, ACK), (1200, 100, ACK | PSH)], 10),
+    ("hole_filled_soon", 40002, [(1000, 100, ACK), (1100, 100, ACK), (1300, 100, ACK), (1200, 100, ACK)], 10),
+    ("duplicate", 40003, [(1000, 100, ACK), (1100, 100, ACK), (1200, 100, ACK), (1100, 100, ACK)], 10),
+    ("partial_overlap", 40004, [(1000, 100, ACK), (1100, 100, ACK), (1200, 100, ACK), (1150, 100, ACK)], 10),
+    ("hole_never_filled", 40005, [(1000, 100, ACK), (1100, 100, ACK), (1400, 100, ACK), (1500, 50, ACK)], 10),
+    ("two_holes_one_filled", 40006, [(1000, 100, ACK), (1200, 100, ACK), (1400, 100, ACK), (1100, 100, ACK)], 10),
+    ("syn_then_data", 40007, [(999, 0, SYN), (1000, 100, ACK), (1100, 100, ACK), (1000, 100, ACK)], 10),
+    ("wraps_2_32", 40008, [(0xFFFFFF00, 200, ACK), (0x00000008, 100, ACK), (0xFFFFFFC0, 100, ACK)], 10),
+    ("dup_after_fin", 40009, [(1000, 100, ACK), (1100, 100, ACK | FIN), (1100, 100, ACK | FIN)], 10),
+]
+
+
+def _capture(tmp_path, scenarios, v6: bool = False):
+    pk, times, t = [], [], 0
+    for _, sport, segs, dt in scenarios:
+        for seq, n, flags in segs:
+            pk.append(_seg(sport, seq, n, flags, v6))
+            times.append(t)
+            t += dt
+        t += 1_000_000  # flows far apart
+    return write_pcap(tmp_path / ("seq6.pcap" if v6 else "seq.pcap"), pk, times_us=times)
+
+
+def _tshark_per_flow(path):
+    rows = tshark_fields(path, ["tcp.srcport", "tcp.seq_raw", "tcp.len", "tcp.flags.syn", "tcp.flags.fin",
+                                "tcp.analysis.retransmission", "tcp.analysis.fast_retransmission",
+                                "tcp.analysis.spurious_retransmission", "tcp.analysis.out_of_order"])
+    out: dict[int, dict] = defaultdict(lambda: {"flagged": 0, "tshark_ooo": 0, "ranges": []})
+    for r in rows:
+        f = out[int(r["tcp.srcport"])]
+        if r["tcp.analysis.retransmission"] or r["tcp.analysis.fast_retransmission"] \
+                or r["tcp.analysis.spurious_retransmission"] or r["tcp.analysis.out_of_order"]:
+            f["flagged"] += 1
+        f["tshark_ooo"] += bool(r["tcp.analysis.out_of_order"])
+        n = int(r["tcp.len"]) + (r["tcp.flags.syn"] in ("1", "True")) + (r["tcp.flags.fin"] in ("1", "True"))
+        f["ranges"].append((int(r["tcp.seq_raw"]), n))
+    return out
+
+
+def _sequence_facts(ranges: list[tuple[int, int]]) -> tuple[int, int]:
+    """(segments below the highest end that cover new space, sequence bytes never covered) of one flow,
+    from its (raw seq, length) list in capture order, relative to the first segment (mod 2**32)."""
+    base = ranges[0][0]
+    covered: list[tuple[int, int]] = []
+    fills, hi = 0, None
+    for s, n in ranges:
+        s = ((s - base) % 2**32 + 2**31) % 2**32 - 2**31
+        e = s + n
+        if hi is not None and n and s < hi:
+            new = (e - s) - sum(max(0, min(e, b) - max(s, a)) for a, b in covered)
+            fills += new > 0
+        if n:
+            covered.append((s, e))
+        hi = e if hi is None else max(hi, e)
+    lo = min(a for a, _ in covered)
+    merged, end = 0, lo
+    for a, b in sorted(covered):
+        if b > end:
+            merged += b - max(a, end)
+            end = b
+    return fills, (hi - lo) - merged
+
+
+@pytest.mark.parametrize("dt_us", [10, 50_000], ids=["10us", "50ms"])
+@pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
+def test_retransmissions_out_of_order_and_gaps_match_tshark(tmp_path, v6, dt_us):
+    cap = _capture(tmp_path, [(n, p, segs, dt_us) for n, p, segs, _ in SCENARIOS], v6)
+    flows = analyze(cap, audit=False).flows.set_index("sport")
+    want = _tshark_per_flow(cap)
+    assert sorted(flows.index) == sorted(want)
+    for name, sport, _, _ in SCENARIOS:
+        got, w = flows.loc[sport], want[sport]
+        fills, gap = _sequence_facts(w["ranges"])
+        assert int(got.retransmissions) + int(got.out_of_order) == w["flagged"], name
+        assert int(got.out_of_order) == fills, name
+        assert int(got.capture_gap_bytes) == gap, name
+    # not vacuous: every kind of event happens, and tshark's time-based split differs between the two spacings
+    assert flows.retransmissions.sum() >= 4 and flows.out_of_order.sum() >= 2 and flows.capture_gap_bytes.sum() > 0
+    tshark_ooo = sum(w["tshark_ooo"] for w in want.values())
+    assert (tshark_ooo > 0) if dt_us == 10 else (tshark_ooo == 0)
