@@ -49,7 +49,7 @@ def test_pandas_snippet(outdir):
     assert res.returncode == 0, res.stderr
     # the snippet prints (flow_id, flush_reason) -> count for flows that never pass 64 KiB; check those counts
     # against DuckDB reading the same files with the README's own condition
-    printed = {(int(m[0]), m[1]): int(m[2]) for m in re.findall(r"^(\d+)\s+(\w+)\s+(\d+)$", res.stdout, re.M)}
+    printed = {(int(m[0]), m[1]): int(m[2]) for m in re.findall(r"^(\d+)\s+(\w+)\s+(\d+)$", res.stdout, re.MULTILINE)}
     duckdb = pytest.importorskip("duckdb")
     con = duckdb.connect()
     con.execute(f"SET file_search_path = '{outdir}'")
