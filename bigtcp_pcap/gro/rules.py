@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._native import njit
 from ..decode.schema import (
     BIGTCP_HBH_JUMBO,
@@ -180,8 +182,7 @@ def merge_verdict(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, gsz, ipid, needs
         # R14.5: IPv4 ID fixed (delta 0) or incrementing (delta == count), the mode decided on packet 2;
         # before 6.18 the fixed mode needed DF
         dlt = (ipid - p_id0) & 0xFFFF
-        if p_count == 1 and dlt == 0 and ((l3w & 1) != 0 or not needs_df):
-            fixed = True
+        fixed = p_fixed or (p_count == 1 and dlt == 0 and ((l3w & 1) != 0 or not needs_df))
         if dlt != (0 if fixed else p_count):
             return R.IP_ID, p_fixed
     if gsz:
@@ -254,19 +255,19 @@ def r20_completed(l2, l3, count, mss, v4, hbh):
     count 1 goes up unchanged (gso_size 0). Above 64 KiB IPv4 gets tot_len 0; IPv6 gets the 8-byte HBH jumbo
     header (<= 6.19, ``hbh``) or payload_len 0 without it (7.0)."""
     frame_len = l2 + l3
-    big = BIGTCP_NONE
-    gso = 0
+    big = np.int64(BIGTCP_NONE)  # typed locals: numba.pycc refuses to re-bind a literal-typed one
+    gso = np.int64(0)
     if count > 1:
-        gso = mss
+        gso = np.int64(mss)
         if v4:
             if l3 > 65535:
-                big = BIGTCP_V4_TOTLEN0
+                big = np.int64(BIGTCP_V4_TOTLEN0)
         elif l3 - 40 > IPV6_MAXPLEN:
             if hbh:
-                big = BIGTCP_HBH_JUMBO
+                big = np.int64(BIGTCP_HBH_JUMBO)
                 frame_len += 8
             else:
-                big = BIGTCP_V6_PLEN0
+                big = np.int64(BIGTCP_V6_PLEN0)
     return frame_len, big, gso
 
 
@@ -301,7 +302,8 @@ def r21_5_poll_end(work, held, tmo, defer_hard_irqs, defer_count):
     A poll that did work with entries held arms gro_flush_timeout and refills the defer count; while the
     count lasts, the poll re-arms the timer with IRQs masked. A timeout of 0 flushes everything (R21.2), else
     only old entries (R21.4) and the timer poll follows."""
-    timeout = 0
+    timeout = tmo * 0  # 0, typed like tmo (numba.pycc refuses to re-bind a literal-typed local; the reference
+    # engine runs this on Python ints that may exceed int64)
     if work:
         if held:
             timeout = tmo
