@@ -154,10 +154,12 @@ def plot(
 def _register_subcommands() -> None:
     from .audit.cli import register as register_audit
     from .audit.ebpf_cli import register as register_ebpf
+    from .compare_cli import register as register_compare
     from .wireshark.cli import register as register_wireshark
 
     register_audit(app)
     register_ebpf(app)
+    register_compare(app)
     register_wireshark(app)
 
 

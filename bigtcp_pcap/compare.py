@@ -1,0 +1,354 @@
+"""``compare``: the GRO rebuild from a sender's capture against the receiver's real super-packets.
+
+A sender capture (pre-GRO: the sender's interface with TSO off, or a mirror port) and a capture taken on the
+receiving host (post-GRO) of the same transfer. The receiving host is recognised in the receiver capture as the
+destination of most TCP payload bytes (its MAC address on Ethernet-like links, else its IP addresses); only the
+packets that travel towards it are fed to its GRO engine (its NAPI budget counts every one of them, pure ACKs
+and non-TCP included), as its own NAPI instance would see them. The receiver's data packets arriving from the
+sender are its real super-packets.
+
+Both sides are compared as multisets of (addresses, ports, raw sequence number, payload length). A receiver
+super-packet matched exactly is ``reproduced``; the unmatched ones of a flow are grouped into clusters of
+overlapping sequence ranges, and each cluster gets a cause:
+
+* ``poll_boundary``: both sides carry exactly the same bytes, cut at different places, and every cut the
+  rebuild made that the kernel did not is a NAPI poll end (or the kernel cut where the rebuild merged): the one
+  thing a capture does not record (gro-spec section 7.1);
+* ``rule``: the same bytes, but the rebuild cut where the kernel did not for a rule's reason (a size limit, an
+  option or flag change, ...): a rule or a setting disagrees;
+* ``drop_or_retransmission``: the two sides do not carry the same bytes (a segment lost between the two capture
+  points, a retransmission, or a capture drop).
+
+``--fit`` repeats the rebuild over a grid of poll parameters and reports the best-reproducing one as the
+options to pass to ``analyze`` for what-if runs on the same host.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .capture.reader import CaptureReader
+from .decode import PacketBatch, decode
+from .errors import UsageError
+from .gro import GroConfig, SuperPacketBatch, make_engine
+from .gro.reasons import REASON_NAMES
+
+CAUSES = ("poll_boundary", "rule", "drop_or_retransmission")
+POLL_REASONS = frozenset({"napi_poll", "end_of_capture"})  # cuts made by the poll model, not by a rule
+FIT_POLL_GAP_US = (5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0, 100.0, 200.0)
+ETHERNET_LIKE = frozenset({1})  # link types whose first 6 bytes are the destination MAC
+
+
+@dataclass
+class Comparison:
+    """What ``compare`` found (``to_json()`` is the CLI's ``--json``)."""
+
+    sender: str
+    receiver: str
+    config: GroConfig
+    receiver_host: dict[str, Any]
+    receiver_superpackets: int
+    rebuilt_superpackets: int
+    reproduced: int
+    causes: dict[str, int]  # unmatched receiver super-packets by cause
+    rebuilt_causes: dict[str, int]  # unmatched rebuilt super-packets by cause (bytes the receiver never showed)
+    flows: list[dict[str, Any]]
+    rows: dict[str, list] = field(repr=False)
+    fit: list[dict[str, Any]] | None = None
+
+    @property
+    def share(self) -> float:
+        """Reproduced receiver super-packets / all of them (1.0 when the receiver has none)."""
+        return self.reproduced / self.receiver_superpackets if self.receiver_superpackets else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"sender": self.sender, "receiver": self.receiver, "receiver_host": self.receiver_host,
+               "receiver_superpackets": self.receiver_superpackets, "reproduced": self.reproduced,
+               "share": round(self.share, 6), "rebuilt_superpackets": self.rebuilt_superpackets,
+               "causes": self.causes, "rebuilt_causes": self.rebuilt_causes, "flows": self.flows, "gro": self.config.to_metadata()}
+        if self.fit is not None:
+            out["fit"] = self.fit
+            best = max(self.fit, key=lambda r: r["share"])
+            out["fit_best"] = best
+        return out
+
+
+@dataclass
+class _Side:
+    """Decoded frames of one capture (TCP/IP only is not assumed: the NAPI budget counts everything)."""
+
+    name: str
+    pb: PacketBatch
+    dmac: np.ndarray  # uint64 destination MAC per frame (0 where the link type has none)
+
+
+def _load(path: str | os.PathLike) -> _Side:
+    parts, macs = [], []
+    reader = CaptureReader(path)
+    for rb in reader:
+        pb, _ = decode(rb)
+        parts.append(pb)
+        mac = np.zeros(len(rb), np.uint64)
+        eth = np.isin(rb.linktype, list(ETHERNET_LIKE)) & (rb.caplen >= 6)
+        if eth.any():
+            b = rb.buf[rb.off[eth, None] + np.arange(6)[None, :]].astype(np.uint64)
+            mac[eth] = (b << (np.arange(5, -1, -1, dtype=np.uint64) * np.uint64(8))[None, :]).sum(axis=1)
+        macs.append(mac)
+    return _Side(reader.info.name, PacketBatch.concat(parts),
+                 np.concatenate(macs) if macs else np.zeros(0, np.uint64))
+
+
+def _addr_keys(pb: PacketBatch, which: str) -> np.ndarray:
+    """One hashable row per packet: (version, 16 address bytes) as a structured void array."""
+    a = np.ascontiguousarray(np.concatenate([pb.ip_version[:, None], getattr(pb, which)], axis=1))
+    return a.view(np.dtype((np.void, a.shape[1]))).reshape(-1)
+
+
+def _receiving_host(rcv: _Side) -> tuple[np.ndarray | None, set[bytes], dict[str, Any]]:
+    """(its MAC or None, its IP addresses, description) of the host the receiver capture was taken on."""
+    pb = rcv.pb
+    data = (pb.l4_proto == 6) & (pb.tcp_payload_len > 0) & ((pb.ip_version == 4) | (pb.ip_version == 6))
+    if not data.any():
+        raise UsageError(f"{rcv.name}: no TCP data packets to compare (is it the receiver's capture?)")
+    w = pb.tcp_payload_len[data].astype(np.int64)
+    mac = None
+    sel = data.copy()
+    macs = rcv.dmac[data]
+    if (macs != 0).any():
+        u, inv = np.unique(macs, return_inverse=True)
+        top = u[np.argmax(np.bincount(inv.reshape(-1), weights=w))]
+        if top != 0 and not (int(top) >> 40) & 1:  # a unicast MAC
+            mac = top
+            sel = data & (rcv.dmac == top)
+    keys = _addr_keys(pb, "dst")
+    if mac is None:  # no MAC: the destination address that receives the most bytes (and its other family)
+        u, inv = np.unique(keys[data], return_inverse=True)
+        addrs = {bytes(u[np.argmax(np.bincount(inv.reshape(-1), weights=w))])}
+    else:
+        addrs = {bytes(k) for k in np.unique(keys[sel])}
+    desc = {"mac": None if mac is None else ":".join(f"{(int(mac) >> s) & 0xFF:02x}" for s in range(40, -8, -8)),
+            "addresses": sorted(_fmt(a) for a in addrs)}
+    return mac, addrs, desc
+
+
+def _fmt(key: bytes) -> str:
+    import ipaddress
+
+    return str(ipaddress.ip_address(key[1:5] if key[0] == 4 else key[1:17]))
+
+
+def _towards(side: _Side, mac: np.ndarray | None, addrs: set[bytes]) -> np.ndarray:
+    """Frames that travel towards the receiving host: to its MAC (or a group address) on Ethernet-like links,
+    else to one of its IP addresses."""
+    pb = side.pb
+    keys = _addr_keys(pb, "dst")
+    to_addr = np.isin(keys, np.array(sorted(addrs), dtype=keys.dtype)) if len(keys) else np.zeros(0, bool)
+    if mac is None:
+        return to_addr
+    has_mac = side.dmac != 0
+    group = ((side.dmac >> np.uint64(40)) & np.uint64(1)) != 0
+    return np.where(has_mac, (side.dmac == mac) | group, to_addr)
+
+
+def _flow_ids(pb: PacketBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(flow id per TCP row, -1 elsewhere; the distinct (version, src, dst, ports) rows)."""
+    tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
+    k = np.concatenate([pb.ip_version[:, None], pb.src, pb.dst, pb.sport.view(np.uint8).reshape(-1, 2),
+                        pb.dport.view(np.uint8).reshape(-1, 2)], axis=1)
+    k = np.ascontiguousarray(k).view(np.dtype((np.void, k.shape[1]))).reshape(-1)
+    u, inv = np.unique(k, return_inverse=True)
+    return np.where(tcp, inv.reshape(-1), -1).astype(np.int64), u
+
+
+def rebuild(sender: PacketBatch, cfg: GroConfig) -> tuple[SuperPacketBatch, np.ndarray]:
+    """The receiver's GRO output rebuilt from the frames that reach it: (rows, flow keys by flow_id)."""
+    fid, keys = _flow_ids(sender)
+    eng = make_engine("compiled", cfg)
+    return SuperPacketBatch.concat([eng.feed(sender, fid), eng.flush()]), keys
+
+
+def _key_of(keys: np.ndarray, fid: np.ndarray) -> list[bytes]:
+    """The flow bytes (version, src, dst, ports) of each row (without the version byte's ambiguity)."""
+    return [bytes(keys[f]) for f in fid.tolist()]
+
+
+def _classify(kernel_only: dict, sim_only: dict) -> tuple[collections.Counter, collections.Counter, dict]:
+    """Counts by cause of the unmatched receiver rows and of the unmatched rebuilt rows, and the cause of each
+    row (see the module docstring).
+
+    ``kernel_only`` / ``sim_only``: flow -> list of (seq, len, flush reason name or None)."""
+    causes: collections.Counter = collections.Counter()
+    sim_causes: collections.Counter = collections.Counter()
+    row_cause: dict = {}
+    for fl in set(kernel_only) | set(sim_only):
+        rows = [(s, ln, "k", why) for s, ln, why in kernel_only.get(fl, [])] + \
+               [(s, ln, "s", why) for s, ln, why in sim_only.get(fl, [])]
+        base = min(r[0] for r in rows)
+        rows = sorted(((s - base) & 0xFFFFFFFF, ln, side, why, s) for s, ln, side, why in rows)
+        clusters: list[list] = []
+        end = -1
+        for r in rows:
+            if r[0] < end:
+                clusters[-1].append(r)
+            else:
+                clusters.append([r])
+            end = max(end, r[0] + r[1])
+        for c in clusters:
+            ks = sorted((r[0], r[1]) for r in c if r[2] == "k")
+            ss = sorted((r[0], r[1], r[3]) for r in c if r[2] == "s")
+            span = (min(r[0] for r in c), max(r[0] + r[1] for r in c))
+            if ks and ss and _covers(span, ks) and _covers(span, [(s, ln) for s, ln, _ in ss]):
+                kcuts = {s + ln for s, ln in ks}
+                # the rebuild's cuts the kernel did not make, and why the rebuild made them
+                extra = [why for s, ln, why in ss if s + ln not in kcuts]
+                cause = "rule" if any(w not in POLL_REASONS for w in extra) else "poll_boundary"
+            else:
+                cause = "drop_or_retransmission"
+            causes[cause] += len(ks)
+            sim_causes[cause] += len(ss)
+            for r in c:
+                row_cause[(fl, r[2], r[4], r[1])] = cause
+    return causes, sim_causes, row_cause
+
+
+def _covers(span: tuple[int, int], ranges: list[tuple[int, int]]) -> bool:
+    """Do the (start, len) ``ranges`` cover ``span`` exactly, end to end, without overlap?"""
+    pos = span[0]
+    for s, ln in sorted(ranges):
+        if s != pos:
+            return False
+        pos += ln
+    return pos == span[1]
+
+
+def _match(rcv_pb: PacketBatch, sim: SuperPacketBatch, keys: np.ndarray) -> tuple[int, dict, dict, list]:
+    """(reproduced, kernel-only rows by flow, rebuilt-only rows by flow, kernel rows) as multisets."""
+    rfid, rkeys = _flow_ids(rcv_pb)
+    m = (rfid >= 0) & (rcv_pb.tcp_payload_len > 0)
+    kernel = list(zip(_key_of(rkeys, rfid[m]), rcv_pb.tcp_seq[m].tolist(), rcv_pb.tcp_payload_len[m].tolist(),
+                      strict=True))
+    names = sim.reason_labels()
+    simrows = list(zip(_key_of(keys, sim.flow_id), sim.seq_first.tolist(), sim.payload_len.tolist(), strict=True))
+    ck, cs = collections.Counter(kernel), collections.Counter(simrows)
+    both = ck & cs
+    k_only: dict = collections.defaultdict(list)
+    for (fl, s, ln), k in (ck - cs).items():
+        k_only[fl].extend([(s, ln, None)] * k)
+    left = cs - ck
+    s_only: dict = collections.defaultdict(list)
+    for (fl, s, ln), why in zip(simrows, names, strict=True):
+        if left[(fl, s, ln)] > 0:
+            left[(fl, s, ln)] -= 1
+            s_only[fl].append((s, ln, why))
+    return sum(both.values()), k_only, s_only, kernel
+
+
+def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroConfig | None = None,
+            fit: bool = False, outdir: str | os.PathLike | None = None, **gro_params: Any) -> Comparison:
+    """Rebuild the receiver's super-packets from ``sender`` and compare them with ``receiver``'s (module doc).
+
+    GRO settings as ``gro=GroConfig(...)`` or keywords (``gro_max_size=185000``); ``fit`` also searches the poll
+    gap that reproduces the pair best; ``outdir`` writes ``compare.parquet`` there (one row per receiver
+    super-packet and per unmatched rebuilt one)."""
+    if gro is not None and gro_params:
+        raise TypeError(f"compare() got both gro= and GRO keywords ({', '.join(sorted(gro_params))})")
+    cfg = gro if gro is not None else GroConfig(**gro_params)
+    rcv = _load(receiver)
+    snd = _load(sender)
+    mac, addrs, host = _receiving_host(rcv)
+    rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))
+    snd_in = snd.pb.take(_towards(snd, mac, addrs))
+    sim, keys = rebuild(snd_in, cfg)
+    reproduced, k_only, s_only, kernel = _match(rcv_in, sim, keys)
+    causes, sim_causes, row_cause = _classify(k_only, s_only)
+    res = Comparison(sender=str(sender), receiver=str(receiver), config=cfg, receiver_host=host,
+                     receiver_superpackets=len(kernel), rebuilt_superpackets=len(sim), reproduced=reproduced,
+                     causes={c: int(causes.get(c, 0)) for c in CAUSES},
+                     rebuilt_causes={c: int(sim_causes.get(c, 0)) for c in CAUSES}, flows=_per_flow(kernel, k_only),
+                     rows=_rows(kernel, k_only, s_only, row_cause))
+    if fit:
+        res.fit = []
+        for gap in FIT_POLL_GAP_US:
+            c2 = dataclasses.replace(cfg, poll_gap_us=gap)
+            sim2, keys2 = rebuild(snd_in, c2)
+            rep2 = _match(rcv_in, sim2, keys2)[0]
+            res.fit.append({"poll_gap_us": gap, "reproduced": rep2,
+                            "share": round(rep2 / len(kernel), 6) if kernel else 1.0,
+                            "options": f"--poll-gap-us {gap:g}"})
+    if outdir is not None:
+        _write(Path(outdir), res)
+    return res
+
+
+def _per_flow(kernel: list, k_only: dict) -> list[dict[str, Any]]:
+    total = collections.Counter(fl for fl, _, _ in kernel)
+    missed = {fl: len(v) for fl, v in k_only.items()}
+    out = []
+    for fl, n in total.most_common():
+        v = fl[0]
+        a = 16
+        src, dst = fl[1:1 + a], fl[1 + a:1 + 2 * a]
+        sport = int.from_bytes(fl[1 + 2 * a:3 + 2 * a], "little")
+        dport = int.from_bytes(fl[3 + 2 * a:5 + 2 * a], "little")
+        rep = n - missed.get(fl, 0)
+        out.append({"src": _fmt(bytes([v]) + src), "dst": _fmt(bytes([v]) + dst), "sport": sport, "dport": dport,
+                    "receiver_superpackets": n, "reproduced": rep, "share": round(rep / n, 6)})
+    return out
+
+
+def _rows(kernel: list, k_only: dict, s_only: dict, row_cause: dict) -> dict[str, list]:
+    cols: dict[str, list] = {c: [] for c in ("side", "src", "dst", "sport", "dport", "seq", "payload_len",
+                                             "matched", "cause", "flush_reason")}
+    unmatched = collections.Counter((fl, s, ln) for fl, rows in k_only.items() for s, ln, _ in rows)
+
+    def add(side: str, fl: bytes, s: int, ln: int, matched: bool, cause, why) -> None:
+        v = fl[0]
+        cols["side"].append(side)
+        cols["src"].append(_fmt(bytes([v]) + fl[1:17]))
+        cols["dst"].append(_fmt(bytes([v]) + fl[17:33]))
+        cols["sport"].append(int.from_bytes(fl[33:35], "little"))
+        cols["dport"].append(int.from_bytes(fl[35:37], "little"))
+        cols["seq"].append(s)
+        cols["payload_len"].append(ln)
+        cols["matched"].append(matched)
+        cols["cause"].append(cause)
+        cols["flush_reason"].append(why)
+
+    for fl, s, ln in kernel:
+        if unmatched[(fl, s, ln)] > 0:
+            unmatched[(fl, s, ln)] -= 1
+            add("receiver", fl, s, ln, False, row_cause.get((fl, "k", s, ln)), None)
+        else:
+            add("receiver", fl, s, ln, True, None, None)
+    for fl, rows in s_only.items():
+        for s, ln, why in rows:
+            add("rebuilt", fl, s, ln, False, row_cause.get((fl, "s", s, ln)), why)
+    return cols
+
+
+def _write(out: Path, res: Comparison) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("side", pa.string()), ("src", pa.string()), ("dst", pa.string()), ("sport", pa.uint16()),
+                        ("dport", pa.uint16()), ("seq", pa.uint32()), ("payload_len", pa.uint32()),
+                        ("matched", pa.bool_()), ("cause", pa.string()), ("flush_reason", pa.string())],
+                       metadata={"bigtcp_pcap.compare": json.dumps({k: v for k, v in res.to_json().items()
+                                                                     if k not in ("flows",)})})
+    table = pa.table(res.rows, schema=schema)
+    tmp = out / "compare.parquet.tmp"
+    pq.write_table(table, tmp)
+    tmp.replace(out / "compare.parquet")
+
+
+__all__ = ["CAUSES", "REASON_NAMES", "Comparison", "compare", "rebuild"]

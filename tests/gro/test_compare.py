@@ -1,0 +1,82 @@
+"""``compare``: the rebuild from a sender capture against the receiver's real super-packets.
+
+The share must equal an independent count (test_kernel_pairs.run_pair, which selects the sender's frames by the
+sender's MAC address from the pair's JSON and matches its own way); the causes must follow from changes made
+to a real pair (a receiver packet removed: drop; a wrong limit: rule).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pyarrow.parquet as pq
+import pytest
+import test_kernel_pairs as KP
+from typer.testing import CliRunner
+
+from bigtcp_pcap.cli import app
+from bigtcp_pcap.compare import compare
+
+
+@pytest.mark.parametrize("name", KP.PAIRS)
+def test_compare_agrees_with_an_independent_count(name):
+    meta = json.loads((KP.KERNEL_DIR / f"{name}.json").read_text())
+    want = KP.run_pair(name, "compiled")
+    got = compare(KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap", gro=KP.pair_config(meta))
+    assert (got.reproduced, got.receiver_superpackets) == (want.exact, want.kernel_rows)
+    assert sum(got.causes.values()) == want.kernel_rows - want.exact
+    assert got.causes["drop_or_retransmission"] == want.causes.get("unexplained", 0)
+    assert sum(f["receiver_superpackets"] for f in got.flows) == got.receiver_superpackets
+    # the receiving host is the pair's receiver veth (vb)
+    assert got.receiver_host["mac"] == meta["interfaces"]["vb"]["ip_d_j_link_show"]["address"]
+
+
+def _records(path):
+    raw = path.read_bytes()
+    out, p = [], 24
+    while p + 16 <= len(raw):
+        incl = struct.unpack("<I", raw[p + 8:p + 12])[0]
+        out.append(raw[p:p + 16 + incl])
+        p += 16 + incl
+    return raw[:24], out
+
+
+def test_a_receiver_packet_lost_is_a_drop(tmp_path):
+    name = "v6_185000"
+    meta = json.loads((KP.KERNEL_DIR / f"{name}.json").read_text())
+    head, recs = _records(KP.KERNEL_DIR / f"{name}.rcv.pcap")
+    # drop the largest frame (a BIG TCP super-packet) from the receiver capture
+    big = max(range(len(recs)), key=lambda i: struct.unpack("<I", recs[i][12:16])[0])
+    (tmp_path / "rcv.pcap").write_bytes(head + b"".join(r for i, r in enumerate(recs) if i != big))
+    base = compare(KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap", gro=KP.pair_config(meta))
+    cut = compare(KP.KERNEL_DIR / f"{name}.snd.pcap", tmp_path / "rcv.pcap", gro=KP.pair_config(meta))
+    assert cut.receiver_superpackets == base.receiver_superpackets - 1
+    assert cut.rebuilt_causes["drop_or_retransmission"] >= 1 and base.rebuilt_causes["drop_or_retransmission"] == 0
+
+
+def test_a_wrong_limit_is_a_rule_disagreement():
+    name = "v6_185000"
+    meta = json.loads((KP.KERNEL_DIR / f"{name}.json").read_text())
+    wrong = KP.pair_config(meta, gro_max_size=65536)
+    r = compare(KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap", gro=wrong)
+    # every receiver super-packet over 64 KiB is cut by the rebuild's size limit: all misses are rule misses
+    assert r.causes["rule"] == r.receiver_superpackets - r.reproduced > 10
+
+
+def test_cli_json_parquet_and_exit_codes(tmp_path):
+    snd, rcv = str(KP.KERNEL_DIR / "v4_185000.snd.pcap"), str(KP.KERNEL_DIR / "v4_185000.rcv.pcap")
+    r = CliRunner().invoke(app, ["compare", snd, rcv, "--gro-ipv4-max-size", "185000", "--json", "--fit",
+                                 "-o", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert {"receiver_superpackets", "reproduced", "share"} <= set(d)
+    assert d["share"] == pytest.approx(d["reproduced"] / d["receiver_superpackets"], abs=1e-6)
+    assert d["fit_best"]["share"] >= d["share"] - 1e-9  # the grid holds the default 20 us
+    t = pq.read_table(tmp_path / "compare.parquet").to_pydict()
+    rec = [m for s, m in zip(t["side"], t["matched"], strict=True) if s == "receiver"]
+    assert len(rec) == d["receiver_superpackets"] and sum(rec) == d["reproduced"]
+    bad = CliRunner().invoke(app, ["compare", snd, rcv, "--napi-weight", "0"])
+    assert bad.exit_code == 2 and "--napi-weight" in bad.output
+    missing = CliRunner().invoke(app, ["compare", snd, str(tmp_path / "none.pcap")])
+    assert missing.exit_code == 3
