@@ -26,8 +26,9 @@ from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import CaptureError
 from .flows.table import FlowTable
-from .gro import make_engine
 from .gro.config import GroConfig
+from .gro.reasons import POLL_END_NAMES
+from .gro.stage import GroStage
 from .output import parquet as P
 from .output.audit import AUDIT_SCHEMA, FilterAudits, audit_rows
 from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
@@ -143,7 +144,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     reader = CaptureReader(source, name=name, sha256=sha256)
     info = reader.info
     flows = FlowTable()
-    engine = make_engine(gro_engine, cfg)
+    gro_stage = GroStage(cfg, gro_engine)
     sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA, background=True) if packets else None
     sink_findings = P.TableSink(out / "findings.parquet", P.FINDINGS_SCHEMA)
     sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
@@ -165,7 +166,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             pending_rows = 0
             flows.add_superpackets(rows.flow_id, rows.payload_len)
             stats.add_superpackets(rows)
-            sink_sp.write_columns(superpackets_columns(rows, flows))
+            sink_sp.write_columns(superpackets_columns(rows, flows, gro_stage.labels))
 
     try:
         for rb in reader:
@@ -177,7 +178,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
                 sink_findings.write_columns(_finding_columns(fr))
             if sink_packets is not None:
                 sink_packets.write(P.packets_table(pb, fid))
-            emit_superpackets(engine.feed(pb, fid))
+            emit_superpackets(gro_stage.feed(rb, pb, fid))
             audits.feed(rb, pb, fid)
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)
@@ -186,7 +187,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         sink_findings.write_columns({"frame": [e.frame or 0], "code": [F.BY_ID[F.CAPTURE_PARTIAL].code],
                                      "severity": [F.ERROR], "message": [e.one_line()]})
         stats.findings[F.BY_ID[F.CAPTURE_PARTIAL].code] += 1
-    emit_superpackets(engine.flush(), final=True)
+    emit_superpackets(gro_stage.finish(), final=True)
 
     flow_cols = flows.columns()
     _suspect_filtered_capture(flow_cols, stats, sink_findings)
@@ -210,7 +211,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     for s in (sink_packets, sink_findings, sink_sp, sink_flows, sink_audit):
         if s is not None:
             s.close(meta)
-    summary = stats.summary(info, flow_cols, error, cfg)
+    summary = stats.summary(info, flow_cols, error, cfg, gro_stage.labels)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
@@ -254,6 +255,8 @@ class _Stats:
         self.truncated = 0
         self.fallback = 0
         self.sp_reasons: Counter[str] = Counter()
+        self.poll_ends = np.zeros(len(POLL_END_NAMES), np.int64)
+        self.receiver_rows: Counter[int] = Counter()
         self.sp_rows = 0
         self.suspect: list[str] = []
         self.status = np.zeros(16, np.int64)  # frames per decoder status bit (schema.ST_*)
@@ -276,8 +279,12 @@ class _Stats:
         names = spb.reason_names
         for c, k in zip(*np.unique(spb.flush_reason, return_counts=True)):
             self.sp_reasons[names[int(c)]] += int(k)
+        self.poll_ends += np.bincount(spb.poll_end, minlength=len(POLL_END_NAMES))[:len(POLL_END_NAMES)]
+        for r, k in zip(*np.unique(spb.receiver, return_counts=True)):
+            self.receiver_rows[int(r)] += int(k)
 
-    def summary(self, info: CaptureInfo, flow_cols: dict, error: CaptureError | None, cfg: GroConfig) -> dict:
+    def summary(self, info: CaptureInfo, flow_cols: dict, error: CaptureError | None, cfg: GroConfig,
+                receivers: list[str]) -> dict:
         top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
         keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
                 "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
@@ -293,7 +300,9 @@ class _Stats:
             "max_bigtcp_ip_len": self.max_bigtcp_len,
             "flows": len(flow_cols["flow_id"]),
             "top_flows": [{k: flow_cols[k][i] for k in keys} for i in top],
-            "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common())},
+            "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common()),
+                             "poll_ends": {n: int(self.poll_ends[i]) for i, n in enumerate(POLL_END_NAMES) if i},
+                             "receivers": {receivers[r]: k for r, k in self.receiver_rows.most_common()}},
             "findings": dict(self.findings.most_common()),
             "not_fully_decoded": {name: int(self.status[bit]) for bit, name in enumerate(STATUS_NAMES)
                                   if name and self.status[bit]},

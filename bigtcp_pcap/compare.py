@@ -1,11 +1,11 @@
 """``compare``: the GRO rebuild from a sender's capture against the receiver's real super-packets.
 
 A sender capture (pre-GRO: the sender's interface with TSO off, or a mirror port) and a capture taken on the
-receiving host (post-GRO) of the same transfer. The receiving host is recognised in the receiver capture as the
-destination of most TCP payload bytes (its MAC address on Ethernet-like links, else its IP addresses); only the
-packets that travel towards it are fed to its GRO engine (its NAPI budget counts every one of them, pure ACKs
-and non-TCP included), as its own NAPI instance would see them. The receiver's data packets arriving from the
-sender are its real super-packets.
+receiving host (post-GRO) of the same transfer. The sender capture goes through exactly the GRO stage that
+``analyze`` runs (``gro.stage.GroStage``: one NAPI model per receiving host, ACK evidence), and the rows of the
+receiving host are kept. That host is recognised in the receiver capture as the destination of most TCP
+payload bytes (its MAC address on Ethernet-like links, else its IP addresses). The receiver's data packets
+arriving at it are its real super-packets.
 
 Both sides are compared as multisets of (addresses, ports, raw sequence number, payload length). A receiver
 super-packet matched exactly is ``reproduced``; the unmatched ones of a flow are grouped into clusters of
@@ -37,8 +37,9 @@ import numpy as np
 from .capture.reader import CaptureReader
 from .decode import PacketBatch, decode
 from .errors import UsageError
-from .gro import GroConfig, SuperPacketBatch, make_engine
+from .gro import GroConfig, SuperPacketBatch
 from .gro.reasons import REASON_NAMES
+from .gro.stage import GroStage
 
 CAUSES = ("poll_boundary", "rule", "drop_or_retransmission")
 POLL_REASONS = frozenset({"napi_poll", "end_of_capture"})  # cuts made by the poll model, not by a rule
@@ -157,21 +158,57 @@ def _towards(side: _Side, mac: np.ndarray | None, addrs: set[bytes]) -> np.ndarr
     return np.where(has_mac, (side.dmac == mac) | group, to_addr)
 
 
+def _flow_keys(pb: PacketBatch) -> np.ndarray:
+    """(version, src, dst, sport, dport) of every row as 37-byte void keys."""
+    k = np.concatenate([pb.ip_version[:, None], pb.src, pb.dst, pb.sport.view(np.uint8).reshape(-1, 2),
+                        pb.dport.view(np.uint8).reshape(-1, 2)], axis=1)
+    return np.ascontiguousarray(k).view(np.dtype((np.void, k.shape[1]))).reshape(-1)
+
+
 def _flow_ids(pb: PacketBatch) -> tuple[np.ndarray, np.ndarray]:
     """(flow id per TCP row, -1 elsewhere; the distinct (version, src, dst, ports) rows)."""
     tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
-    k = np.concatenate([pb.ip_version[:, None], pb.src, pb.dst, pb.sport.view(np.uint8).reshape(-1, 2),
-                        pb.dport.view(np.uint8).reshape(-1, 2)], axis=1)
-    k = np.ascontiguousarray(k).view(np.dtype((np.void, k.shape[1]))).reshape(-1)
-    u, inv = np.unique(k, return_inverse=True)
+    u, inv = np.unique(_flow_keys(pb), return_inverse=True)
     return np.where(tcp, inv.reshape(-1), -1).astype(np.int64), u
 
 
-def rebuild(sender: PacketBatch, cfg: GroConfig) -> tuple[SuperPacketBatch, np.ndarray]:
-    """The receiver's GRO output rebuilt from the frames that reach it: (rows, flow keys by flow_id)."""
-    fid, keys = _flow_ids(sender)
-    eng = make_engine("compiled", cfg)
-    return SuperPacketBatch.concat([eng.feed(sender, fid), eng.flush()]), keys
+def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
+            host_addrs: set[bytes]) -> tuple[SuperPacketBatch, np.ndarray]:
+    """``analyze``'s GRO stage over the sender capture, the receiving host's rows only: (rows, flow keys by
+    flow_id)."""
+    stage = GroStage(cfg)
+    ids: dict[bytes, int] = {}
+    keys: list[bytes] = []
+    parts = []
+    for rb in CaptureReader(sender):
+        pb, _ = decode(rb)
+        tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
+        k = _flow_keys(pb)
+        uniq, inv = np.unique(k, return_inverse=True)
+        g = np.empty(len(uniq), np.int64)
+        for j, kb in enumerate(uniq.tolist()):
+            kb = bytes(kb)
+            if kb not in ids:
+                ids[kb] = len(keys)
+                keys.append(kb)
+            g[j] = ids[kb]
+        parts.append(stage.feed(rb, pb, np.where(tcp, g[inv.reshape(-1)], -1)))
+    parts.append(stage.finish())
+    rows = SuperPacketBatch.concat(parts)
+    mine = np.array([_is_host(label, host_mac, host_addrs) or not cfg.split_receivers for label in stage.labels],
+                    bool)
+    keep = mine[rows.receiver.astype(np.int64)] if len(rows) else np.zeros(0, bool)
+    sel = SuperPacketBatch(**{name: col[keep] for name, col in rows.to_dict().items()})
+    arr = np.array(keys, dtype=np.dtype((np.void, 37))) if keys else np.zeros(0, np.dtype((np.void, 37)))
+    return sel, arr
+
+
+def _is_host(label: str, mac: int | None, addrs: set[bytes]) -> bool:
+    """Is a GroStage receiver label the receiving host (its MAC, or one of its addresses)?"""
+    name = label.split(" (")[0]
+    if mac is not None:
+        return name == ":".join(f"{(int(mac) >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+    return name in {_fmt(a) for a in addrs}
 
 
 def _key_of(keys: np.ndarray, fid: np.ndarray) -> list[bytes]:
@@ -261,11 +298,9 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
         raise TypeError(f"compare() got both gro= and GRO keywords ({', '.join(sorted(gro_params))})")
     cfg = gro if gro is not None else GroConfig(**gro_params)
     rcv = _load(receiver)
-    snd = _load(sender)
     mac, addrs, host = _receiving_host(rcv)
     rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))
-    snd_in = snd.pb.take(_towards(snd, mac, addrs))
-    sim, keys = rebuild(snd_in, cfg)
+    sim, keys = rebuild(sender, cfg, mac, addrs)
     reproduced, k_only, s_only, kernel = _match(rcv_in, sim, keys)
     causes, sim_causes, row_cause = _classify(k_only, s_only)
     res = Comparison(sender=str(sender), receiver=str(receiver), config=cfg, receiver_host=host,
@@ -277,7 +312,7 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
         res.fit = []
         for gap in FIT_POLL_GAP_US:
             c2 = dataclasses.replace(cfg, poll_gap_us=gap)
-            sim2, keys2 = rebuild(snd_in, c2)
+            sim2, keys2 = rebuild(sender, c2, mac, addrs)
             rep2 = _match(rcv_in, sim2, keys2)[0]
             res.fit.append({"poll_gap_us": gap, "reproduced": rep2,
                             "share": round(rep2 / len(kernel), 6) if kernel else 1.0,

@@ -47,11 +47,12 @@ from ..decode.schema import ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
-from .engine import GroEngine, _poll_marks
+from .engine import GroEngine, _poll_marks, _receivers, next_same
 from .prepare import KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
 from .rules import (
     M32,
     MERGE,
+    acked_end_ends_poll,
     merge_verdict,
     r2_gso_segs,
     r2_gso_size,
@@ -85,17 +86,18 @@ G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT 
  E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(11, 35)
 NSF = 35
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
-Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER = range(8)
-NQF = 8
+Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE = range(9)
+NQF = 9
 # --- per-(queue, bucket) row of _B ----------------------------------------------------------------------------
 B_HEAD, B_TAIL, B_LEN = range(3)
 # --- config vector _C ------------------------------------------------------------------------------------------
 (C_LIM4, C_LIM6, C_GAP, C_CWR, C_GSO_AUTO, C_NEEDS_DF, C_MAXSKBS, C_HZ, C_PHASE, C_FLUSH_OLD_FULL, C_TMO,
- C_WEIGHT, C_DEFER, C_FALLBACK_MTU, C_HBH, C_NB) = range(16)
-NCF = 16
+ C_WEIGHT, C_DEFER, C_FALLBACK_MTU, C_HBH, C_NB, C_NQ) = range(17)
+NCF = 17
 
 _OUT_TYPES = tuple(COLUMN_TYPES.values())
 _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts polls
+_NO_NEXT = np.zeros(0, np.int64)
 
 
 # ============================================================================================================
@@ -103,8 +105,8 @@ _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts 
 # ============================================================================================================
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0, f1, t0, t1, reason, source,
-          flags, ack, gso):
-    """Write output row k: O is int64 (19, capacity), one row per column in superpacket.ROW_FIELDS order.
+          flags, ack, gso, rx, pe):
+    """Write output row k: O is int64 (21, capacity), one row per column in superpacket.ROW_FIELDS order.
 
     A row past the capacity is dropped (the caller raises): never write out of bounds."""
     if k >= O.shape[1]:
@@ -128,19 +130,23 @@ def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0
     O[16, k] = flags
     O[17, k] = ack
     O[18, k] = gso
+    O[19, k] = rx
+    O[20, k] = pe
 
 
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
-def _row(S, C, O, K, g, reason):
+def _row(S, Q, C, O, K, g, reason):
     """R20: what the receiver sees for a completed p (appended to the output, R23)."""
     l3 = S[g, E_PLEN]
     v4 = S[g, G_V4] != 0
     frame_len, big, gso = r20_completed(S[g, E_L2], l3, S[g, E_COUNT], S[g, E_MSS], v4, C[C_HBH] != 0)
     source = r20_observed(S[g, E_GSO] != 0, S[g, E_NPK])
     k = K[0]
+    q = S[g, E_Q]
+    pe = Q[q, Q_CAUSE] if (reason == R.NAPI_POLL or reason == R.END_OF_CAPTURE) else R.PE_NONE
     _emit(O, k, S[g, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], S[g, E_SEQ0], l3 - S[g, E_HDR],
           S[g, E_COUNT], l3, frame_len, big, S[g, E_F0], S[g, E_F1], S[g, E_T0], S[g, E_T1], reason, source,
-          S[g, E_FLAGS], S[g, E_ACK], gso)
+          S[g, E_FLAGS], S[g, E_ACK], gso, q // C[C_NQ], pe)
     K[0] = k + 1
 
 
@@ -168,7 +174,7 @@ def _complete(S, Q, B, C, O, K, g, reason):
     _unlink(S, B, g)
     S[g, G_HELD] = 0
     Q[S[g, E_Q], Q_HELD] -= 1
-    _row(S, C, O, K, g, reason)
+    _row(S, Q, C, O, K, g, reason)
 
 
 @njit(cache=True)
@@ -180,7 +186,7 @@ def _flush_all(S, Q, B, C, O, K, q, reason):
             continue
         while g >= 0:
             S[g, G_HELD] = 0
-            _row(S, C, O, K, g, reason)
+            _row(S, Q, C, O, K, g, reason)
             g = S[g, G_NEXT]
         Q[q, Q_HELD] -= B[q, b, B_LEN]
         B[q, b, B_HEAD] = -1
@@ -228,12 +234,15 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
             dl = Q[q, Q_DL]
             if t <= dl:
                 return dl  # R21.5: IRQs masked, the packet waits for the timer poll at dl
+            Q[q, Q_CAUSE] = R.PE_TIMER
             _complete_poll(S, Q, B, C, O, K, q, dl, Q[q, Q_N])
             continue
         if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark):
+            Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
             _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
             continue
         if Q[q, Q_HASDL] and t >= Q[q, Q_DL]:
+            Q[q, Q_CAUSE] = R.PE_TIMER
             _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_DL], 0)  # R21.5: the timer poll fired, no work
             continue
         return t
@@ -246,14 +255,31 @@ def _plain_limit(S, D, C, g):
                           S[g, G_V4] != 0)
 
 
+@njit(cache=True, inline="always")
+def _would_merge(S, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a, thl_a, ipid_a):
+    """Would row j (a later segment of flow g) merge into g's held entry as it stands? (R2, R14/R15)."""
+    ln = np.int64(pl_a[j])
+    plim = _plain_limit(S, D, C, g)
+    gsz = np.int64(0)
+    if ln > plim:
+        gsz = r2_gso_size(r2_syn_mss(D[S[g, G_RDID]], D[S[g, G_DID]]), S[g, G_GMAX], plim, np.int64(thl_a[j]))
+    why, _ = merge_verdict(fm_a[j], np.int64(fl_a[j]), C[C_CWR], fwm_a[j], np.int64(ack_a[j]), np.int64(opt_a[j]),
+                           l3w_a[j], np.int64(seq_a[j]), ln, gsz, np.int64(ipid_a[j]), C[C_NEEDS_DF] != 0,
+                           S[g, G_V4] != 0, S[g, E_FWM], S[g, E_ACK], S[g, E_OPT], S[g, E_L3W], S[g, E_NXT],
+                           S[g, E_MSS], S[g, E_PLEN], S[g, E_LIMIT], S[g, E_ID0], S[g, E_COUNT], S[g, E_FIXED] != 0)
+    return why == MERGE
+
+
 # ============================================================================================================
 # the loop
 # ============================================================================================================
 @njit(cache=True, entry=True)
-def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
+def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
     """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs).
 
-    ps: uint8 poll-start mark per packet, or empty (no marks: the gap rule cuts polls)."""
+    ps: uint8 poll-start mark per packet, or empty (no marks: the gap rule cuts polls). ak: uint8 "the other side
+    ACKed this segment's end" per packet, or empty (no evidence); nxt: the next row of the same flow key
+    (-1: none in this batch)."""
     (kind, ts, fm_a, fwm_a, l3w_a, pl_a, fl_a, seq_a, ack_a, opt_a, ipid_a, frame_a, fid_a, l2_a, hdr_a, thl_a,
      tmss_a, ver_a, sport_a, dport_a, iplen_a, wire_a, big_a) = I
     n = kind.shape[0]
@@ -269,6 +295,8 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
     lim4 = C[C_LIM4]
     lim6 = C[C_LIM6]
     marks = ps.shape[0] > 0
+    evidence = ak.shape[0] > 0
+    nq = C[C_NQ]
     for i in range(n):
         t = ts[i]
         q = qrow[i]
@@ -279,6 +307,7 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
             now = _timers(S, Q, B, C, O, K, q, t, marks, mark)
         else:
             if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark):
+                Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         Q[q, Q_LAST] = t
@@ -339,7 +368,7 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
                         fr = np.int64(frame_a[i])
                         _emit(O, K[0], fid_a[i], ver_a[i], sport_a[i], dport_a[i], seq, ln, cnt, iplen_a[i],
                               wire_a[i], big_a[i], fr, fr, t, t, r17_alone_reason(fm, f),
-                              r20_observed(gsz != 0, 1), f, ack, gsz)
+                              r20_observed(gsz != 0, 1), f, ack, gsz, q // nq, R.PE_NONE)
                         K[0] += 1
                 else:
                     bk = S[g, G_B]
@@ -389,7 +418,7 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
             fr = np.int64(frame_a[i])
             _emit(O, K[0], fid_a[i], ver_a[i], sport_a[i], dport_a[i], seq_a[i], pl_a[i], 1, iplen_a[i],
                   wire_a[i], big_a[i], fr, fr, t, t, R.NOT_MERGEABLE_ALONE, r20_observed(False, 1), fl_a[i],
-                  ack_a[i], 0)
+                  ack_a[i], 0, q // nq, R.PE_NONE)
             K[0] += 1
 
         # R21.3: a poll that used its whole budget (napi_weight packets of this queue)
@@ -397,11 +426,20 @@ def _run(I, gids, qrow, ps, S, D, Q, B, C, O, K):
         if r21_3_budget_used(c, weight):
             c = 0
             if Q[q, Q_HELD]:
+                Q[q, Q_CAUSE] = R.PE_BUDGET
                 if flush_old_full:
                     _flush_old(S, Q, B, C, O, K, q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
                 else:
                     _flush_all(S, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
         Q[q, Q_N] = c
+        # evidence (gro-spec 7.1): the receiver ACKed this segment's end, no rule ended its super-packet
+        if evidence and k == KIND_TCP and ak[i] != 0 and S[gids[i], G_HELD] != 0:
+            j = nxt[i]
+            merges = j < 0 or _would_merge(S, D, C, gids[i], j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a,
+                                           thl_a, ipid_a)
+            if acked_end_ends_poll(True, True, merges):
+                Q[q, Q_CAUSE] = R.PE_ACK
+                _complete_poll(S, Q, B, C, O, K, q, t, c)
 
 
 @njit(cache=True, entry=True)
@@ -409,6 +447,7 @@ def _flush_end(S, Q, B, C, O, K, nq):
     """End of input (section 3 step 7): complete every held entry, reset the poll state of every queue."""
     for q in range(nq):
         if Q[q, Q_HELD]:
+            Q[q, Q_CAUSE] = R.PE_END
             _flush_all(S, Q, B, C, O, K, q, R.END_OF_CAPTURE)
         Q[q, Q_HASLAST] = 0
         Q[q, Q_N] = 0
@@ -585,6 +624,7 @@ class CompiledGroEngine:
         C[C_FALLBACK_MTU] = cfg.fallback_mtu
         C[C_HBH] = cfg.ipv6_hbh
         C[C_NB] = cfg.gro_hash_buckets
+        C[C_NQ] = cfg.rx_queues
         self._C = C
         self._nb = cfg.gro_hash_buckets
         # per flow key (gid)
@@ -610,17 +650,20 @@ class CompiledGroEngine:
         return self._ref is None
 
     # --- public API ---------------------------------------------------------------------------------------
-    def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None) -> SuperPacketBatch:
+    def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None,
+             acked: np.ndarray | None = None, receiver: np.ndarray | None = None) -> SuperPacketBatch:
         """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
 
-        ``poll_start``: optional known NAPI poll starts, one bool per packet (see ``GroEngine.feed``)."""
+        ``poll_start``, ``acked``, ``receiver``: optional, one entry per packet (see ``GroEngine.feed``)."""
         if self._ref is not None:
-            return self._ref.feed(batch, flow_id, poll_start)
+            return self._ref.feed(batch, flow_id, poll_start, acked, receiver)
         flow_id = np.asarray(flow_id)
         if flow_id.shape != (len(batch),):
             raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
         marks = _poll_marks(poll_start, len(batch))
         ps = _NO_MARKS if marks is None else marks
+        ak = _poll_marks(acked, len(batch)) if acked is not None else _NO_MARKS
+        rx = _receivers(receiver, batch)
         n = len(batch)
         if not n:
             return SuperPacketBatch.empty(0)
@@ -629,14 +672,16 @@ class CompiledGroEngine:
         # the per-row flow hash only picks the RX queue; with one queue, new keys are hashed in _new_gids
         prep = prepare(batch, fid, self.config, dedupe=False, row_hash=True) if nqc > 1 \
             else prepare_compiled(batch, fid, self.config)
-        qrow = batch.if_id.astype(np.int64)
-        if nqc > 1:  # RX queue per packet: per capture interface, (flow hash >> 32) % rx_queues (RSS stand-in)
+        qrow = rx
+        if nqc > 1:  # RX queue per packet: per receiver, (flow hash >> 32) % rx_queues (RSS stand-in)
             qrow = qrow * nqc + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nqc)).astype(np.int64)
         self._ensure_queues(int(qrow.max()) + 1)
-        gids = self._assign_gids(batch, prep)
+        gids = self._assign_gids(batch, prep, rx)
         O = self._out(n + self.held)
         self._K[0] = 0
-        _run(self._inputs(batch, prep, fid), gids, qrow, ps, self._S, self._D, self._Q, self._B, self._C, O, self._K)
+        nxt = next_same(gids) if len(ak) else _NO_NEXT
+        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, nxt, self._S, self._D, self._Q, self._B, self._C, O,
+             self._K)
         return self._take(O)
 
     def flush(self) -> SuperPacketBatch:
@@ -701,7 +746,7 @@ class CompiledGroEngine:
                 self._D = D
         return d
 
-    def _assign_gids(self, b: PacketBatch, prep: Prepared) -> np.ndarray:
+    def _assign_gids(self, b: PacketBatch, prep: Prepared, rx: np.ndarray) -> np.ndarray:
         """Global id per KIND_TCP row (-1 elsewhere), creating per-key state for new keys."""
         n = len(b)
         gids = np.empty(n, np.int64)
@@ -724,10 +769,10 @@ class CompiledGroEngine:
                 _rehash(self._tab, self._khash, int(st[0]))
         self._ngid = int(st[0])
         if self._ngid > g0:
-            self._new_gids(b, prep, g0, new_rows[: int(st[1])])
+            self._new_gids(b, prep, g0, new_rows[: int(st[1])], rx)
         return gids
 
-    def _new_gids(self, b: PacketBatch, prep: Prepared, g0: int, rows: np.ndarray) -> None:
+    def _new_gids(self, b: PacketBatch, prep: Prepared, g0: int, rows: np.ndarray, rx: np.ndarray) -> None:
         """Static per-gid facts of gids g0.. (first seen at ``rows``): queue, bucket, version, ports, SYN ids."""
         if self._ngid > self._S.shape[0]:
             S = np.zeros((max(64, self._ngid, 2 * self._S.shape[0]), NSF), np.int64)
@@ -739,7 +784,7 @@ class CompiledGroEngine:
         sport = b.sport[rows].astype(np.int64)
         dport = b.dport[rows].astype(np.int64)
         s = self._S[g0: self._ngid]
-        s[:, G_Q] = b.if_id[rows].astype(np.int64) * nq + ((h >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
+        s[:, G_Q] = rx[rows] * nq + ((h >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
         s[:, G_B] = (h % np.uint64(nb)).astype(np.int64)  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
         s[:, G_V4] = v4
         s[:, G_SPORT] = sport

@@ -68,6 +68,12 @@ class GroConfig:
     """R15b: IPv6 (<= 6.19) may pass 64 KiB only with 8 bytes of headroom for the HBH; assume it is there."""
     fallback_mtu: int = 1500
     """Without a SYN MSS option for a flow, a payload that cannot fit this L3 MTU marks an aggregated input."""
+    split_receivers: bool = True
+    """One GRO/NAPI model per receiving host (destination MAC, the cooked capture's direction, or the
+    destination address), so that ACKs coming back never count into the data receiver's NAPI budget."""
+    ack_evidence: bool = True
+    """Poll inference from the capture: a data segment whose end the receiver ACKed exactly, and that no rule
+    ended a super-packet at, ends the NAPI poll (an ACK can only cover whole super-packets, gro-spec 7.1)."""
 
     def __post_init__(self) -> None:
         ver = parse_kernel(self.kernel)
@@ -100,6 +106,9 @@ class GroConfig:
         if self.hbh_headroom_ok not in (True, False):
             raise ValueError(f"hbh_headroom_ok must be True or False, got {self.hbh_headroom_ok!r}")
         _check_int("fallback_mtu", self.fallback_mtu, 68)
+        for name in ("split_receivers", "ack_evidence"):
+            if getattr(self, name) not in (True, False):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     # --- derived values -----------------------------------------------------------------------------------
     @property

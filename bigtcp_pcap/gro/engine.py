@@ -68,6 +68,7 @@ r20_completed, r20_observed = py(rules.r20_completed), py(rules.r20_observed)
 r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = py(rules.r21_4_jiffy), py(rules.r21_2_poll_ended), py(
     rules.r21_5_poll_end)
 r21_3_budget_used = py(rules.r21_3_budget_used)
+acked_end_ends_poll = py(rules.acked_end_ends_poll)
 
 
 class _Held:
@@ -125,6 +126,7 @@ class GroEngine:
         self._qdeadline: list[int | None] = []  # R21.5 timer poll
         self._qmasked: list[bool] = []  # R21.5 IRQs kept masked (napi_defer_hard_irqs)
         self._qdefer: list[int] = []  # R21.5 defer_hard_irqs_count
+        self._qcause: list[int] = []  # what ends the poll being completed (reasons.PE_*)
         self._ensure_queues(cfg.rx_queues)
         # per flow key (gid)
         self._gid_of: dict[tuple[int, ...], int] = {}
@@ -142,27 +144,38 @@ class GroEngine:
         self._out: list[tuple] = []
 
     # --- public API ---------------------------------------------------------------------------------------
-    def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None) -> SuperPacketBatch:
+    def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None,
+             acked: np.ndarray | None = None, receiver: np.ndarray | None = None) -> SuperPacketBatch:
         """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
 
         ``poll_start`` (optional, one bool per packet): known NAPI poll boundaries, e.g. from the kernel's
         napi:napi_poll tracepoint (``polls.poll_starts_from_trace``). A marked packet begins a new poll of its
         queue: the running poll ends first (R21.2, the same napi_complete_done the gap rule applies) and the
-        napi_weight budget count restarts. The gap rule is not applied to a batch given with marks."""
+        napi_weight budget count restarts. The gap rule is not applied to a batch given with marks.
+
+        ``acked`` (optional, one bool per packet, ``evidence.AckEvidence``): the other side ACKed exactly this
+        segment's end; when no rule completed its super-packet, the poll ends after it (rules.acked_end_ends_poll).
+
+        ``receiver`` (optional, one int per packet, ``receivers.Receivers``): the receiving host, each with its
+        own NAPI instances (``rx_queues`` of them) and GRO tables; default: the capture interface."""
         flow_id = np.asarray(flow_id)
-        if flow_id.shape != (len(batch),):
-            raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
-        marks = _poll_marks(poll_start, len(batch))
-        if len(batch):
+        n = len(batch)
+        if flow_id.shape != (n,):
+            raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {n} packets")
+        marks = _poll_marks(poll_start, n)
+        ak = _poll_marks(acked, n) if acked is not None else None
+        rx = _receivers(receiver, batch)
+        if n:
             prep = prepare(batch, flow_id, self.config)
-            gids = self._assign_gids(batch, prep)
-            self._run(batch, flow_id, prep, gids, marks)
+            gids = self._assign_gids(batch, prep, rx)
+            self._run(batch, flow_id, prep, gids, marks, ak, rx)
         return self._take()
 
     def flush(self) -> SuperPacketBatch:
         """End of input: complete every held entry (reason end_of_capture) and reset the poll state."""
         for q in range(len(self._buckets)):
             if self._qheld[q]:
+                self._qcause[q] = R.PE_END
                 self._flush_all(q, R.END_OF_CAPTURE)
             self._qlast[q] = None
             self._qn[q] = 0
@@ -191,13 +204,14 @@ class GroEngine:
             self._qdeadline.append(None)
             self._qmasked.append(False)
             self._qdefer.append(0)
+            self._qcause.append(R.PE_NONE)
 
-    def _queue_rows(self, batch: PacketBatch, prep: Prepared) -> np.ndarray:
-        """RX queue per packet: per capture interface, (flow hash >> 32) % rx_queues (RSS stand-in)."""
+    def _queue_rows(self, prep: Prepared, rx: np.ndarray) -> np.ndarray:
+        """RX queue per packet: per receiver, (flow hash >> 32) % rx_queues (RSS stand-in)."""
         nq = self.config.rx_queues
-        return batch.if_id.astype(np.int64) * nq + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
+        return rx * nq + ((prep.flow_hash >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
 
-    def _assign_gids(self, b: PacketBatch, prep: Prepared) -> list[int]:
+    def _assign_gids(self, b: PacketBatch, prep: Prepared, rx: np.ndarray) -> list[int]:
         """Global id per KIND_TCP row (-1 elsewhere), creating per-key state for new keys."""
         gids = np.full(len(b), -1, dtype=np.int64)
         if prep.key_rows.shape[0] == 0:
@@ -214,7 +228,7 @@ class GroEngine:
                 g = len(self._held)
                 self._gid_of[kt] = g
                 h = int(prep.flow_hash[row])
-                q = int(b.if_id[row]) * nq + (h >> 32) % nq
+                q = int(rx[row]) * nq + (h >> 32) % nq
                 self._ensure_queues(q + 1)
                 self._g_queue.append(q)
                 self._g_bucket.append(h % nb)  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
@@ -257,12 +271,12 @@ class GroEngine:
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _run(self, b: PacketBatch, flow_id: np.ndarray, p: Prepared, gids: list[int],
-             marks: np.ndarray | None = None) -> None:
+             marks: np.ndarray | None, acked: np.ndarray | None, rx: np.ndarray) -> None:
         cfg = self.config
         n = len(b)
         kind = p.kind.tolist()
         ts = b.ts_ns.tolist()
-        qrow_arr = self._queue_rows(b, p)
+        qrow_arr = self._queue_rows(p, rx)
         multiq = bool(qrow_arr.any())
         if multiq:
             self._ensure_queues(int(qrow_arr.max()) + 1)
@@ -281,6 +295,10 @@ class GroEngine:
         l2len = b.l2_len.tolist()
         hdrlen = p.hdr_len.tolist()
         ps = marks.tolist() if marks is not None else None
+        ak = acked.tolist() if acked is not None else None
+        nxt = next_same(np.asarray(gids)).tolist() if acked is not None else None
+        qcause = self._qcause
+        nq = cfg.rx_queues
 
         tmo = cfg.gro_flush_timeout_ns > 0
         weight = cfg.napi_weight
@@ -315,6 +333,7 @@ class GroEngine:
             else:
                 last = qlast[q]
                 if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i]):
+                    qcause[q] = R.PE_GAP if ps is None else R.PE_TRACE
                     self._complete_poll(q, last, qn[q])
                 now = t
             qlast[q] = t
@@ -361,7 +380,8 @@ class GroEngine:
                         if f & TH_SYN:
                             self._on_syn(g, int(b.tcp_mss[i]))
                         if ln:
-                            self._out.append(self._alone_row(b, i, flow_id, r17_alone_reason(fm[i], f), cnt, gsz))
+                            self._out.append(self._alone_row(b, i, flow_id, r17_alone_reason(fm[i], f), cnt, gsz,
+                                                             q // nq))
                     else:
                         bkt = g_bucket[g]
                         bucket = buckets[q][bkt]
@@ -399,18 +419,36 @@ class GroEngine:
                         qheld[q] += 1
             elif k == KIND_ALONE and pl[i]:
                 # R5/R9/R12/R19: GRO gives up; delivered alone, held entries untouched (may overtake them)
-                self._out.append(self._alone_row(b, i, flow_id, R.NOT_MERGEABLE_ALONE, 1, 0))
+                self._out.append(self._alone_row(b, i, flow_id, R.NOT_MERGEABLE_ALONE, 1, 0, q // nq))
 
             # R21.3: a poll that used its whole budget (napi_weight packets of this queue)
             c = qn[q] + 1
             if r21_3_budget_used(c, weight):
                 c = 0
                 if qheld[q]:
+                    qcause[q] = R.PE_BUDGET
                     if flush_old_full:
                         self._flush_old(q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
                     else:
                         self._flush_all(q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
             qn[q] = c
+            # evidence (gro-spec 7.1): the receiver ACKed this segment's end, no rule ended its super-packet
+            if ak is not None and k == KIND_TCP and ak[i] and held[gids[i]] is not None:
+                j = nxt[i]
+                e = held[gids[i]]
+                merges = j < 0 or self._would_merge(e, gids[i], int(b.tcp_hdr_len[j]), fm[j], fl[j], fwm[j], ack[j],
+                                                    opt[j], l3w[j], seq[j], pl[j], ipid[j])
+                if acked_end_ends_poll(True, True, merges):
+                    qcause[q] = R.PE_ACK
+                    self._complete_poll(q, t, c)
+
+    def _would_merge(self, e: _Held, g: int, thl: int, fm: bool, f: int, fwm: int, ack: int, opt: int, l3w: int,
+                     seq: int, ln: int, ipid: int) -> bool:
+        """Would a later segment of flow g merge into its held entry e as it stands? (R2, R14/R15)."""
+        gsz = self._gso_size(g, thl) if ln > self._glim[g] else 0
+        why, _ = merge_verdict(fm, f, self._cwr, fwm, ack, opt, l3w, seq, ln, gsz, ipid, self._needs_df, e.v4,
+                               e.fwm, e.ack, e.opt, e.l3w, e.nxt, e.mss, e.plen, e.limit, e.id0, e.count, e.fixed)
+        return why == rules.MERGE
 
     # --- completion and flushing --------------------------------------------------------------------------
     def _complete(self, e: _Held, reason: int) -> None:
@@ -461,14 +499,17 @@ class GroEngine:
                 dl = self._qdeadline[q]
                 if t <= dl:
                     return dl  # IRQs masked: the packet waits for the timer poll at dl
+                self._qcause[q] = R.PE_TIMER
                 self._complete_poll(q, dl, self._qn[q])
                 continue
             last = self._qlast[q]
             if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark):
+                self._qcause[q] = R.PE_GAP if mark is None else R.PE_TRACE
                 self._complete_poll(q, last, self._qn[q])
                 continue
             dl = self._qdeadline[q]
             if dl is not None and t >= dl:
+                self._qcause[q] = R.PE_TIMER
                 self._complete_poll(q, dl, 0)
                 continue
             return t
@@ -479,18 +520,41 @@ class GroEngine:
         l3 = e.plen
         frame_len, big, gso = r20_completed(e.l2, l3, e.count, e.mss, e.v4, self.config.ipv6_hbh)
         source = r20_observed(e.gso, e.npk)
+        nq = self.config.rx_queues
+        pe = self._qcause[e.q] if reason in (R.NAPI_POLL, R.END_OF_CAPTURE) else R.PE_NONE
         return (e.fid, 4 if e.v4 else 6, e.sport, e.dport, e.seq0, l3 - e.hdr, e.count, l3, frame_len, big,
-                e.f0, e.f1, e.t0, e.t1, reason, source, e.flags, e.ack, gso)
+                e.f0, e.f1, e.t0, e.t1, reason, source, e.flags, e.ack, gso, e.q // nq, pe)
 
     @staticmethod
-    def _alone_row(b: PacketBatch, i: int, flow_id: np.ndarray, reason: int, cnt: int, gsz: int) -> tuple:
+    def _alone_row(b: PacketBatch, i: int, flow_id: np.ndarray, reason: int, cnt: int, gsz: int, rx: int) -> tuple:
         """A payload-carrying packet delivered alone: it reaches the stack unchanged."""
         frame = int(b.frame[i])
         t = int(b.ts_ns[i])
         return (int(flow_id[i]), int(b.ip_version[i]), int(b.sport[i]), int(b.dport[i]), int(b.tcp_seq[i]),
                 int(b.tcp_payload_len[i]), cnt, int(b.ip_len[i]), int(b.wirelen[i]), int(b.bigtcp[i]), frame,
                 frame, t, t, reason, r20_observed(gsz != 0, 1), int(b.tcp_flags[i]),
-                int(b.tcp_ack[i]), gsz)
+                int(b.tcp_ack[i]), gsz, rx, R.PE_NONE)
+
+
+def next_same(gids: np.ndarray) -> np.ndarray:
+    """For each row, the next row with the same gid (-1 for the last one, and for rows with gid -1)."""
+    gids = np.asarray(gids)
+    out = np.full(len(gids), -1, np.int64)
+    order = np.argsort(gids, kind="stable")
+    g = gids[order]
+    same = (g[1:] == g[:-1]) & (g[1:] >= 0)
+    out[order[:-1][same]] = order[1:][same]
+    return out
+
+
+def _receivers(receiver: np.ndarray | None, batch: PacketBatch) -> np.ndarray:
+    """``feed``'s receiver column as int64 (default: the capture interface); ValueError unless one per packet."""
+    if receiver is None:
+        return batch.if_id.astype(np.int64)
+    rx = np.asarray(receiver)
+    if rx.shape != (len(batch),) or (rx.size and rx.min() < 0):
+        raise ValueError(f"receiver must have one index >= 0 per packet: shape {rx.shape}, {len(batch)} packets")
+    return rx.astype(np.int64, copy=False)
 
 
 def _poll_marks(poll_start: np.ndarray | None, n: int) -> np.ndarray | None:

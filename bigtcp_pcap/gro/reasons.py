@@ -79,3 +79,15 @@ REASON_CODES: dict[str, int] = {name: code for code, name in enumerate(REASON_NA
 def reason_name(code: int) -> str:
     """The name of a flush-reason code (``"size_limit"`` for 1)."""
     return REASON_NAMES[code]
+
+
+# --- what ended a NAPI poll, for rows completed by one (``poll_end`` column; gro-spec 7.1) -----------------------
+PE_NONE = 0  # the row did not end at a poll end (a rule completed it, or it went alone)
+PE_ACK = 1  # evidence: the receiver ACKed exactly this super-packet's end and no rule had ended it
+PE_GAP = 2  # guessed: an idle gap longer than poll_gap_us in the capture's timestamps
+PE_BUDGET = 3  # model: the poll used its napi_weight budget (R21.3)
+PE_TIMER = 4  # model: gro_flush_timeout / napi_defer_hard_irqs timer polls (R21.5)
+PE_TRACE = 5  # known: a poll start given by the caller (the kernel's napi:napi_poll trace)
+PE_END = 6  # the end of the capture
+POLL_END_NAMES: tuple[str, ...] = ("none", "ack", "gap", "budget", "timer", "trace", "end_of_capture")
+"""Name of each poll_end code."""

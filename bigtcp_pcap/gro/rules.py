@@ -321,3 +321,13 @@ def r21_3_budget_used(work, weight):
     """R21.3: the poll used its whole budget (napi_weight packets of the queue, every packet counts)."""
     return work >= weight
 
+
+
+# --- poll inference from the capture's own evidence (gro-spec 7.1) -----------------------------------------------
+@njit(cache=True, inline="always")
+def acked_end_ends_poll(acked, still_held, next_would_merge):
+    """The receiver ACKed exactly the end of this segment, so the stack saw a super-packet end here (an ACK can
+    only acknowledge up to the end of a packet the stack received, and GRO delivers whole super-packets). When
+    no rule ended it (the entry is still held, and the flow's next segment would merge into it: otherwise R14/
+    R15 cut there anyway, e.g. at the size limit), the NAPI poll ended after this segment."""
+    return acked and still_held and next_would_merge

@@ -43,6 +43,8 @@ COLUMN_TYPES: dict[str, type] = {
     "tcp_flags": np.uint16,  # first segment's flags with PSH/FIN of later segments ORed in (R16, R20)
     "ack": np.uint32,
     "gso_size": np.uint32,  # skb_shinfo->gso_size after completion (0 when count == 1, R20)
+    "receiver": np.uint32,  # the receiving host (NAPI instance group) that built the row: the caller's index
+    "poll_end": np.uint8,  # reasons.POLL_END_NAMES: for rows a NAPI poll end completed, what the end rests on
 }
 
 ROW_FIELDS: tuple[str, ...] = tuple(COLUMN_TYPES)
@@ -72,6 +74,8 @@ class SuperPacketBatch:
     tcp_flags: np.ndarray
     ack: np.ndarray
     gso_size: np.ndarray
+    receiver: np.ndarray
+    poll_end: np.ndarray
 
     reason_names = REASON_NAMES
     source_names = SOURCE_NAMES

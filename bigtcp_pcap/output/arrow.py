@@ -105,9 +105,13 @@ def _names(names: tuple[str, ...]) -> pa.Array:
     return _strings(list(names), None)
 
 
-def dictionary(codes: np.ndarray, names: Sequence[str], mask: np.ndarray | None = None) -> pa.DictionaryArray:
-    """int8 codes into ``names`` (the toolkit's dictionary columns)."""
-    return pa.DictionaryArray.from_arrays(array(np.asarray(codes).astype(np.int8), pa.int8(), mask),
+_INT8 = pa.int8()
+
+
+def dictionary(codes: np.ndarray, names: Sequence[str], mask: np.ndarray | None = None,
+               index: pa.DataType = _INT8) -> pa.DictionaryArray:
+    """Codes into ``names`` (the toolkit's dictionary columns; int8 indices unless ``index`` says wider)."""
+    return pa.DictionaryArray.from_arrays(array(np.asarray(codes).astype(index.to_pandas_dtype()), index, mask),
                                           _names(tuple(names)))
 
 

@@ -29,6 +29,18 @@ def render(summary: dict, console: Console) -> None:
                  f"{g.get('effective_gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, kernel {g.get('kernel')}")
     head.add_row("super-packets", f"{_n(sp['count'])}; flush reasons: " +
                  ", ".join(f"{k} {_n(v)}" for k, v in sp["flush_reasons"].items()))
+    pe = sp.get("poll_ends") or {}
+    ends = sum(pe.values())
+    if ends:
+        words = {"ack": "evidenced by the receiver's ACKs", "gap": "guessed from timestamp gaps",
+                 "budget": "the NAPI budget", "timer": "flush-timeout polls", "trace": "a recorded poll trace",
+                 "end_of_capture": "the end of the capture"}
+        head.add_row("poll ends", f"{_n(ends)} super-packets ended at a NAPI poll end: " +
+                     ", ".join(f"{100 * v / ends:.0f} % {words[k]}" for k, v in pe.items() if v))
+    rx = sp.get("receivers") or {}
+    if len(rx) > 1:
+        head.add_row("receivers", "one GRO/NAPI model each: " + ", ".join(f"{k} ({_n(v)} rows)"
+                                                                           for k, v in list(rx.items())[:6]))
     console.print(head)
 
     if summary["top_flows"]:

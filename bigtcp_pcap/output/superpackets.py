@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..decode.schema import BIGTCP_NAMES
+from ..gro.reasons import POLL_END_NAMES
 from . import arrow as A
 from .parquet import BIGTCP_TYPE, TS_TYPE
 
@@ -15,12 +16,14 @@ SUPERPACKETS_SCHEMA = pa.schema([
     ("n_segments", pa.uint32()), ("l3_len", pa.uint32()), ("frame_len", pa.uint32()), ("bigtcp", BIGTCP_TYPE),
     ("first_frame", pa.uint64()), ("last_frame", pa.uint64()), ("ts_first_ns", TS_TYPE),
     ("ts_last_ns", TS_TYPE), ("flush_reason", BIGTCP_TYPE), ("source", BIGTCP_TYPE),
+    ("receiver", pa.dictionary(pa.int32(), pa.string())), ("poll_end", BIGTCP_TYPE),
 ])
 SOURCE_NAMES = ("rebuilt", "observed")
 
 
-def superpackets_columns(spb, flows) -> dict:
-    """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table."""
+def superpackets_columns(spb, flows, receivers: list[str] | None = None) -> dict:
+    """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table,
+    receiver names from ``receivers`` (gro.receivers.Receivers.labels; index = the row's receiver)."""
     fid = np.asarray(spb.flow_id)
     # addresses: one string per distinct flow, spread to the rows with a vectorized take
     uniq, inv = np.unique(fid, return_inverse=True)
@@ -39,4 +42,6 @@ def superpackets_columns(spb, flows) -> dict:
         "ts_last_ns": np.asarray(spb.ts_last_ns).view("datetime64[ns]"),
         "flush_reason": A.dictionary(spb.flush_reason, names),
         "source": A.dictionary(spb.source, SOURCE_NAMES),
+        "receiver": A.dictionary(spb.receiver, tuple(receivers) if receivers else ("receiver 0",), index=pa.int32()),
+        "poll_end": A.dictionary(spb.poll_end, POLL_END_NAMES),
     }

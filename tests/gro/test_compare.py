@@ -7,12 +7,15 @@ to a real pair (a receiver packet removed: drop; a wrong limit: rule).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import struct
 
 import pyarrow.parquet as pq
 import pytest
 import test_kernel_pairs as KP
+from oracle import tshark_fields
 from typer.testing import CliRunner
 
 from bigtcp_pcap.cli import app
@@ -20,16 +23,43 @@ from bigtcp_pcap.compare import compare
 
 
 @pytest.mark.parametrize("name", KP.PAIRS)
-def test_compare_agrees_with_an_independent_count(name):
+def test_compare_without_evidence_agrees_with_an_independent_count(name):
+    """With the ACK evidence off, compare's rebuild is test_kernel_pairs' (the receiver's frames only) and so
+    must be its count, which selects frames by the sender's MAC from the pair's JSON and matches its own way."""
     meta = json.loads((KP.KERNEL_DIR / f"{name}.json").read_text())
     want = KP.run_pair(name, "compiled")
-    got = compare(KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap", gro=KP.pair_config(meta))
+    cfg = dataclasses.replace(KP.pair_config(meta), ack_evidence=False)
+    got = compare(KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap", gro=cfg)
     assert (got.reproduced, got.receiver_superpackets) == (want.exact, want.kernel_rows)
     assert sum(got.causes.values()) == want.kernel_rows - want.exact
     assert got.causes["drop_or_retransmission"] == want.causes.get("unexplained", 0)
     assert sum(f["receiver_superpackets"] for f in got.flows) == got.receiver_superpackets
     # the receiving host is the pair's receiver veth (vb)
     assert got.receiver_host["mac"] == meta["interfaces"]["vb"]["ip_d_j_link_show"]["address"]
+
+
+@pytest.mark.parametrize("name", KP.PAIRS)
+def test_compare_equals_analyze_tables_counted_against_tshark(tmp_path, name):
+    """The CLI path a user takes: ``analyze SENDER`` writes superpackets.parquet; its rows for the receiving
+    host, counted against the receiver capture as tshark decodes it, are compare's ``reproduced``."""
+    meta = json.loads((KP.KERNEL_DIR / f"{name}.json").read_text())
+    cfg = KP.pair_config(meta)
+    snd, rcv = KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap"
+    mac = meta["interfaces"]["vb"]["ip_d_j_link_show"]["address"]
+    args = ["analyze", str(snd), "-o", str(tmp_path), "--no-progress", "--gro-max-size", str(cfg.gro_max_size),
+            "--gro-ipv4-max-size", str(cfg.ipv4_limit), "--hz", str(cfg.hz)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code in (0, 1), r.output
+    sp = pq.read_table(tmp_path / "superpackets.parquet").to_pydict()
+    ours = collections.Counter((a, b, s, ln) for a, b, s, ln, rx in zip(sp["sport"], sp["dport"], sp["seq_first"],
+                                                                        sp["payload_len"], sp["receiver"], strict=True)
+                               if rx == mac)
+    rows = tshark_fields(rcv, ["eth.dst", "tcp.srcport", "tcp.dstport", "tcp.seq_raw", "tcp.len"], "tcp.len > 0")
+    kernel = collections.Counter((int(x["tcp.srcport"]), int(x["tcp.dstport"]), int(x["tcp.seq_raw"]), int(x["tcp.len"]))
+                                 for x in rows if x["eth.dst"] == mac)
+    got = compare(snd, rcv, gro=cfg)
+    assert got.receiver_superpackets == sum(kernel.values())
+    assert got.reproduced == sum((ours & kernel).values())
 
 
 def _records(path):

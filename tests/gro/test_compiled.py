@@ -527,3 +527,28 @@ def test_compiled_prepare_equals_the_vectorized_one_on_synthetic_streams(seed):
     pb.wirelen[r.random(len(pb)) < 0.1] = 60
     fid[r.random(len(pb)) < 0.05] = -1
     _assert_prepared_equal(pb, fid, f"seed {seed}")
+
+
+@pytest.mark.parametrize("capture,cname", [(c, n) for c in CAPTURES
+                                           for n in ("default", "pair", "timeout_defer", "rxq2", "hz1000")
+                                           if n != "pair" or pair_settings(c)])
+def test_kernel_capture_with_receivers_and_ack_evidence_identical(capture, cname):
+    """analyze's GRO stage (gro/stage.py: receivers routed, ACK evidence one batch late) on both engines, with
+    small batches so that the lookahead crosses batch boundaries."""
+    from bigtcp_pcap.gro.stage import GroStage
+
+    cfg = GroConfig(**(pair_settings(capture) if cname == "pair" else CONFIGS[cname]))
+    out = {}
+    for engine in ("reference", "compiled"):
+        stage = GroStage(cfg, engine)
+        flows = FlowTable()
+        parts = []
+        for rb in CaptureReader(str(KERNEL_DIR / capture), batch_size=97):
+            pb, _ = decode(rb)
+            parts.append(stage.feed(rb, pb, flows.assign(pb)))
+        parts.append(stage.finish())
+        out[engine] = SuperPacketBatch.concat(parts)
+    assert len(out["reference"]) > 0
+    assert_same(out["reference"], out["compiled"], f"{capture}/{cname}/stage")
+    pe = set(out["compiled"].poll_end.tolist())
+    assert pe <= {0, 1, 2, 3, 4, 6}
