@@ -159,11 +159,13 @@ def plot(
 def _register_subcommands() -> None:
     from .audit.cli import register as register_audit
     from .audit.ebpf_cli import register as register_ebpf
+    from .gso.cli import register as register_gso
     from .wireshark.cli import register as register_wireshark
 
     register_audit(app)
     register_ebpf(app)
     register_wireshark(app)
+    register_gso(app)
 
 
 _register_subcommands()
