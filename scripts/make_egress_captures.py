@@ -75,6 +75,7 @@ class Scenario:
     gso_ipv4_max_size: int | None = None  # b1, rtnetlink IFLA_GSO_IPV4_MAX_SIZE
     gso_max_segs: int | None = None  # b1, ip link set gso_max_segs
     tso: bool = True  # b1, ethtool -K b1 tso on|off
+    qinq: bool = False  # 802.1ad 100 + 802.1Q 200 pushed on a0 (tc eBPF), popped on b0: in-band inner tag
     note: str = ""
 
 
@@ -87,6 +88,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              note="b1 gso_max_size = the frame length of a0's largest skb (184306): cut, since the test is >= on "
                   "skb->len with L2 and the HBH (G2)"),
     Scenario("v6_edge_plus1", 6, gso_max_size=184307, note="one byte more than v6_edge: those skbs pass whole (G2)"),
+    Scenario("v6_qinq_g3", 6, gso_max_size=BIG, qinq=True,
+             note="QinQ-tagged IPv6 through b1 with gso_max_size 185000 and gso_ipv4_max_size 65536: the inner "
+                  "tag is in-band, skb->protocol is 802.1Q, so the IPv4 limit applies (G3)"),
     Scenario("v4_gso65536", 4, note="IPv4 BIG TCP through b1 at the defaults (gso_ipv4_max_size 65536)"),
     Scenario("v4_gso100000", 4, gso_max_size=100000, gso_ipv4_max_size=100000,
              note="b1 gso_ipv4_max_size 100000"),
@@ -141,6 +145,11 @@ class Experiment:
         if sc.gso_max_segs is not None:
             r.run(["ip", "-n", b, "link", "set", "dev", "b1", "gso_max_segs", str(sc.gso_max_segs)])
         r.run(["ethtool", "-K", "b1", "tso", "on" if sc.tso else "off"], ns=b)
+        if sc.qinq:  # the capture script's tc eBPF push (egress) / pop (ingress) on both end points
+            for ns, dev in ((a, "a0"), (c, "b0")):
+                r.run(["tc", "qdisc", "add", "dev", dev, "clsact"], ns=ns)
+                cp = r.run([sys.executable, str(KERNEL_SCRIPT), "--_tcbpf", dev, "100", "200"], ns=ns)
+                self.info.setdefault("qinq_bpf", {})[dev] = json.loads(cp.stdout)
         for ns, dev in ((a, "a0"), (b, "a1"), (b, "b1"), (b, "egbr0"), (c, "b0")):
             r.run(["ip", "-n", ns, "link", "set", dev, "up"])
         deadline = time.monotonic() + 10

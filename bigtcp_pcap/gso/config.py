@@ -58,6 +58,10 @@ class EgressProfile:
     vlan_l3_limit: bool | None = None
     """G3: True picks the limit by the L3 protocol under a VLAN tag (series patch 1), False by skb->protocol
     (today: a VLAN-tagged IPv6 skb gets gso_ipv4_max_size). None follows ``resegment``."""
+    vlan_hwaccel: bool = True
+    """G3: the outermost VLAN tag of a tagged frame is held out of band (skb->vlan_tci; veth and NICs with
+    tx-vlan offload): it is neither in skb->len nor skb->protocol, only the tags under it are in-band. False:
+    every tag the capture shows is in the packet data."""
     name: str = "custom"
     """Where the profile came from (a named profile, a file, or "custom"); recorded in the metadata."""
 
@@ -70,7 +74,7 @@ class EgressProfile:
             _check_int("gso_ipv4_max_size", self.gso_ipv4_max_size, 1, self.tso_max_size, "tso_max_size")
         _check_int("gso_max_segs", self.gso_max_segs, 1, self.tso_max_segs, "tso_max_segs")
         _check_int("mtu", self.mtu, MIN_MTU, MAX_MTU, "IP_MAX_MTU")
-        for flag in ("tso", "resegment"):
+        for flag in ("tso", "resegment", "vlan_hwaccel"):
             if getattr(self, flag) not in (True, False):
                 raise ProfileError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if self.vlan_l3_limit not in (None, True, False):

@@ -122,8 +122,10 @@ class EgressEngine:
     (G8; forwarded GRO output with fixed IP IDs; a local TCP sender never is).
     """
 
-    def __init__(self, profile: EgressProfile | None = None, mss: int | None = None, fixedid: bool = False) -> None:
+    def __init__(self, profile: EgressProfile | None = None, mss: int | None = None, fixedid: bool = False,
+                 strip_hbh: bool = False) -> None:
         self.profile = profile or EgressProfile()
+        self.strip_hbh = bool(strip_hbh)  # explode: remove the HBH from every segment, whatever G9 says
         if mss is not None and (not isinstance(mss, int) or isinstance(mss, bool) or not 1 <= mss <= 65535):
             raise ValueError(f"mss must be an int in 1..65535, got {mss!r}")
         self.mss = mss
@@ -166,14 +168,16 @@ class EgressEngine:
         is_gso = tcp & (payload > 0) & G.g14_is_gso(payload, np.maximum(mss, 1))
         mss1 = np.maximum(mss, 1)
         segs = np.where(is_gso, G.g5_gso_segs(payload, mss1), 1)
-        skb_len = pb.wirelen.astype(np.int64)
-        limit = G.g3_limit(pb.ip_version == 6, pb.vlan != 0xFFFF, prof.limit_by_l3, prof.gso_max_size,
-                           prof.ipv4_limit)
+        tags = np.where((pb.linktype == 1) & (pb.vlan != 0xFFFF), (pb.l2_len.astype(np.int64) - 14) // 4, 0)
+        inband = G.g3_inband_tags(tags, int(prof.vlan_hwaccel))
+        skb_len = pb.wirelen.astype(np.int64) - 4 * (tags - inband)  # an out-of-band tag is not in skb->len
+        limit = G.g3_limit(pb.ip_version == 6, inband > 0, prof.limit_by_l3, prof.gso_max_size, prof.ipv4_limit)
+        strip = G.g9_hbh_removed(hbh, (inband == 0) | self.strip_hbh)
         over = G.g2_over_limit(skb_len, segs, limit, prof.gso_max_segs)
         software = G.g4_software_gso(is_gso, over, prof.tso)
         reseg = G.g10_resegment(is_gso, over, prof.tso, pb.tunnel, 0, prof.resegment)
         cut = software & ~reseg
-        hdr = G.g9_header_len(pb.l4_off.astype(np.int64), pb.tcp_hdr_len.astype(np.int64), hbh)
+        hdr = G.g9_header_len(pb.l4_off.astype(np.int64), pb.tcp_hdr_len.astype(np.int64), strip)
         dropped = (pb.ip_version > 0) & G.g12_mtu_drop(is_gso, pb.ip_len.astype(np.int64), prof.mtu)
 
         unit = segs.copy()  # segments per output
@@ -205,12 +209,13 @@ class EgressEngine:
         ip_id = np.where(split & v4, G.g8_ip_id(pb.ip_id[src].astype(np.int64), first, self.fixedid),
                          pb.ip_id[src])
         s_hdr = hdr[src]
-        frame_len = np.where(split, G.g9_frame_len(s_hdr, pay), skb_len[src])
+        frame_len = np.where(split, G.g9_frame_len(s_hdr, pay), pb.wirelen[src])  # as captured: all tags
         l3_hdr = s_hdr - pb.l3_off[src].astype(np.int64)
         l3_len = np.where(split, l3_hdr + pay, pb.ip_len[src])
         big = np.where(split, np.where(v4, np.where(l3_len > IPV6_MAXPLEN, BIGTCP_V4_TOTLEN0, BIGTCP_NONE),
                                        np.where(l3_len - 40 > IPV6_MAXPLEN, BIGTCP_V6_PLEN0, BIGTCP_NONE)),
                        pb.bigtcp[src])
+        big = np.where(split & (hbh[src] - strip[src] == 1), BIGTCP_HBH_JUMBO, big)  # G9: the HBH stayed
         gso_segs = np.where(split, nseg, s_segs)
         gso_size = np.where(gso_segs > 1, s_mss, 0)
         return EgressBatch(
@@ -235,7 +240,7 @@ def output_packets(pb: PacketBatch, eb: EgressBatch) -> tuple[PacketBatch, np.nd
     eb = EgressBatch(**{f.name: getattr(eb, f.name)[keep] for f in fields(eb)})
     out = pb.take(eb.source_index)
     split = (eb.action == ACTION_SEGMENTED) | (eb.action == ACTION_RESEGMENTED)
-    hbh = split & (out.bigtcp == BIGTCP_HBH_JUMBO)
+    hbh = split & (out.bigtcp == BIGTCP_HBH_JUMBO) & (eb.bigtcp != BIGTCP_HBH_JUMBO)  # G9 removed it
     out.wirelen = eb.frame_len.copy()
     out.caplen = np.minimum(out.caplen, eb.frame_len)
     out.tcp_seq = eb.seq.copy()

@@ -176,7 +176,7 @@ def explode(source: str | os.PathLike | BinaryIO, dest: str | os.PathLike, *, ms
     if pcapng is None:
         pcapng = dest.suffix.lower() == ".pcapng"
     prof = EgressProfile(tso=False, mtu=mtu, name="explode")  # G4: every GSO skb cut in software
-    engine = EgressEngine(prof, mss=mss)
+    engine = EgressEngine(prof, mss=mss, strip_hbh=True)
     reader = CaptureReader(source)
     frames_in = frames_out = supers = segs_out = 0
     error: CaptureError | None = None

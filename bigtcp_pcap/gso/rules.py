@@ -32,6 +32,12 @@ def g3_limit(l3_is_ipv6, vlan_tagged, by_l3, gso_max_size, gso_ipv4_max_size):
     return gso_ipv4_max_size + v6 * (gso_max_size - gso_ipv4_max_size)
 
 
+def g3_inband_tags(vlan_tags, hwaccel):
+    """G3: VLAN tags inside the packet data (skb->protocol is the first of them, and skb->len counts them): all
+    the capture shows but the outermost when the device holds that one out of band (skb->vlan_tci)."""
+    return vlan_tags - hwaccel * (vlan_tags > 0)
+
+
 def g4_software_gso(is_gso, over_limit, tso):
     """G4 (netif_needs_gso / skb_gso_ok, net/core/dev.c): a GSO skb is segmented in software when G2 masked
     its features or the device does not offload its type (``ethtool -K DEV tso off``)."""
@@ -68,10 +74,17 @@ def g8_ip_id(id0, first_seg, fixedid):
     return (id0 + first_seg * (fixedid == 0)) & M16
 
 
-def g9_header_len(l4_off, tcp_hdr_len, has_hbh):
-    """G9 (ipv6_gso_segment -> ipv6_hopopt_jumbo_remove, net/ipv6/ip6_offload.c; drivers likewise): bytes in
-    front of an output's payload: every header as sent, without the 8-byte HBH jumbo header."""
-    return l4_off + tcp_hdr_len - HBH_JUMBO_LEN * has_hbh
+def g9_hbh_removed(has_hbh, proto_ipv6):
+    """G9 (ipv6_hopopt_jumbo_remove, net/ipv6/exthdrs_core.c): software GSO strips the HBH jumbo header only
+    when skb->protocol is IPv6; under an in-band VLAN tag it stays on every segment (payload_len then counts
+    it), as seen on 6.18 (QinQ pair)."""
+    return has_hbh & proto_ipv6
+
+
+def g9_header_len(l4_off, tcp_hdr_len, hbh_removed):
+    """G9 (ipv6_gso_segment, net/ipv6/ip6_offload.c): bytes in front of an output's payload: every header as
+    sent, less the 8-byte HBH jumbo header when G9 removed it."""
+    return l4_off + tcp_hdr_len - HBH_JUMBO_LEN * hbh_removed
 
 
 def g9_frame_len(header_len, payload):
@@ -109,8 +122,8 @@ def g14_is_gso(payload, mss):
 
 
 RULES = {
-    "G2": g2_over_limit, "G3": g3_limit, "G4": g4_software_gso, "G5": g5_gso_segs, "G5b": g5_payload,
-    "G6": g6_seq, "G7": g7_flags, "G8": g8_ip_id, "G9": g9_header_len, "G9b": g9_frame_len,
+    "G2": g2_over_limit, "G3": g3_limit, "G3b": g3_inband_tags, "G4": g4_software_gso, "G5": g5_gso_segs, "G5b": g5_payload,
+    "G6": g6_seq, "G7": g7_flags, "G8": g8_ip_id, "G9": g9_hbh_removed, "G9b": g9_header_len, "G9c": g9_frame_len,
     "G10": g10_resegment, "G11": g11_group_segs, "G12": g12_mtu_drop, "G14": g14_mss, "G14b": g14_is_gso,
 }
 """Rule number -> function (the tests compile each with numba)."""

@@ -118,3 +118,21 @@ def test_gso_max_segs_cuts_only_above_the_count(tmp_path):
         assert passed.gso_segs.max() <= 24
         seg = t[t.action == "segmented"].groupby("source_frame").size()
         assert len(seg) >= 1 and seg.min() > 24
+
+
+def test_vlan_tagged_ipv6_gets_the_ipv4_limit(tmp_path):
+    """G3 on the kernel: QinQ-tagged IPv6 through b1 with gso_max_size 185000 and gso_ipv4_max_size 65536. The
+    inner tag is in band, so skb->protocol is 802.1Q and the IPv4 limit cut every skb >= 65536 (b1 sent nothing
+    that large); the series' L3 lookup (patch 1) would have passed them whole. Under the in-band tag the
+    segments keep the HBH jumbo header (G9: ipv6_hopopt_jumbo_remove needs skb->protocol IPv6)."""
+    name = "v6_qinq_g3"
+    prof = recorded_profile(name)
+    assert (prof.gso_max_size, prof.ipv4_limit) == (185000, 65536)
+    today = bigtcp_pcap.egress(EGRESS_DIR / f"{name}.a0.pcap.xz", profile=prof).summary["inputs_by_action"]
+    series = bigtcp_pcap.egress(EGRESS_DIR / f"{name}.a0.pcap.xz",
+                                profile=prof.with_overrides(vlan_l3_limit=True)).summary["inputs_by_action"]
+    assert today["segmented"] >= 1 and series["segmented"] == 0
+    frames = [(orig, d) for _, orig, d in read_pcap_xz(f"{name}.b1", tmp_path)]
+    assert max(orig for orig, _ in frames) < 65536
+    seg = [d for orig, d in frames if orig == 14 + 8 + 40 + 8 + 32 + 1428]
+    assert seg and all(d[22 + 6] == 0 for d in seg)  # IPv6 next header 0: the HBH is still there

@@ -41,6 +41,12 @@ def test_g3_profile_coupling_and_series_lookup():
     assert not EgressProfile(resegment=True, vlan_l3_limit=False).limit_by_l3
 
 
+def test_g3_inband_tags_and_hwaccel():
+    # one tag held in skb->vlan_tci: nothing in band; QinQ: the inner tag is in band either way
+    assert G.g3_inband_tags(1, 1) == 0 and G.g3_inband_tags(2, 1) == 1 and G.g3_inband_tags(1, 0) == 1
+    assert G.g3_inband_tags(0, 1) == 0
+
+
 def test_g4_software_gso_when_masked_or_tso_off():
     assert G.g4_software_gso(True, True, True)
     assert not G.g4_software_gso(True, False, True)
@@ -77,8 +83,11 @@ def test_g8_ipv4_id_increments_or_stays_fixed():
 
 
 def test_g9_hbh_removed_from_segment_headers():
+    # ipv6_hopopt_jumbo_remove needs skb->protocol IPv6: under an in-band tag the HBH stays
+    assert G.g9_hbh_removed(True, True) and not G.g9_hbh_removed(True, False)
     # Ethernet 14 + IPv6 40 + HBH 8 + TCP 32: the TCP header starts at 62, the segments' headers are 86 bytes
     assert G.g9_header_len(62, 32, 1) == 86
+    assert G.g9_header_len(70, 32, 0) == 102  # QinQ (+8), HBH kept: 1428-byte segments are 1530-byte frames
     assert G.g9_header_len(34, 32, 0) == 66  # IPv4: nothing removed
     assert G.g9_frame_len(86, 1428) == 1514
 
@@ -116,10 +125,10 @@ def test_rules_compile_with_numba():
     """The rules are numba-compilable on scalars and give the same values as in Python."""
     numba = pytest.importorskip("numba")
     cases = {
-        "G2": (65536, 45, 65536, 65535), "G3": (True, True, False, 185000, 65536), "G4": (True, False, False),
+        "G2": (65536, 45, 65536, 65535), "G3": (True, True, False, 185000, 65536), "G3b": (2, 1), "G4": (True, False, False),
         "G5": (100001, 1428), "G5b": (100001, 70, 1, 1428), "G6": (0xFFFFFF00, 1, 1448),
-        "G7": (TH_ACK | TH_PSH | TH_CWR, False, True), "G8": (0xFFFE, 3, False), "G9": (62, 32, 1),
-        "G9b": (86, 1428), "G10": (True, True, True, 0, 0, True), "G11": (65536, 65535, 86, 1428),
+        "G7": (TH_ACK | TH_PSH | TH_CWR, False, True), "G8": (0xFFFE, 3, False), "G9": (True, False), "G9b": (62, 32, 1),
+        "G9c": (86, 1428), "G10": (True, True, True, 0, 0, True), "G11": (65536, 65535, 86, 1428),
         "G12": (False, 1501, 1500), "G14": (1440, 32), "G14b": (1429, 1428),
     }
     assert set(cases) == set(G.RULES)
