@@ -25,6 +25,7 @@ EGRESS_DIR = KERNEL / "egress"
 INPUTS = {
     "a0_v6": EGRESS_DIR / "v6_gso65536.a0.pcap.xz",  # TX GSO, IPv6 HBH jumbo up to 184306 bytes
     "a0_v4": EGRESS_DIR / "v4_segs24.a0.pcap.xz",  # TX GSO, IPv4 tot_len 0
+    "a0_qinq": EGRESS_DIR / "v6_qinq_g3.a0.pcap.xz",  # TX GSO under 802.1ad + 802.1Q tags
     "rcv_v6": KERNEL / "v6_185000.rcv.pcap",  # RX GRO super-packets, IPv6 HBH
     "rcv_v4": KERNEL / "v4_185000.rcv.pcap",  # RX GRO super-packets, IPv4 tot_len 0
     "rcv_mixed": KERNEL / "mixed_185000.rcv.pcap",
@@ -49,11 +50,12 @@ def test_tshark_dissects_exploded_output_cleanly(tmp_path, key, fmt):
     assert res.error is None and res.summary["super_packets"] > 0
     assert expert_problems(out) == []
     # and tshark reads every IP length field as the frame's true length
-    for r in tshark_fields(out, ["frame.len", "ip.len", "ipv6.plen", "ipv6.nxt", "tcp.len"], prefs=[]):
+    for r in tshark_fields(out, ["frame.len", "ip.len", "ipv6.plen", "ipv6.nxt", "vlan.id"], prefs=[]):
+        l2 = 14 + 4 * len([v for v in r["vlan.id"].split(",") if v])
         if r["ip.len"]:
-            assert int(r["frame.len"]) == 14 + int(r["ip.len"]), r
+            assert int(r["frame.len"]) == l2 + int(r["ip.len"]), r
         elif r["ipv6.plen"]:
-            assert int(r["frame.len"]) == 54 + int(r["ipv6.plen"]), r
+            assert int(r["frame.len"]) == l2 + 40 + int(r["ipv6.plen"]), r
             assert r["ipv6.nxt"] != "0" or int(r["frame.len"]) <= 1514, r  # HBH jumbo only on unexploded frames
 
 
