@@ -50,8 +50,9 @@ def test_tshark_dissects_exploded_output_cleanly(tmp_path, key, fmt):
     assert res.error is None and res.summary["super_packets"] > 0
     assert expert_problems(out) == []
     # and tshark reads every IP length field as the frame's true length
-    for r in tshark_fields(out, ["frame.len", "ip.len", "ipv6.plen", "ipv6.nxt", "vlan.id"], prefs=[]):
-        l2 = 14 + 4 * len([v for v in r["vlan.id"].split(",") if v])
+    for r in tshark_fields(out, ["frame.len", "ip.len", "ipv6.plen", "ipv6.nxt", "vlan.id",
+                                         "ieee8021ad.id"], prefs=[]):
+        l2 = 14 + 4 * len([v for v in (r["vlan.id"] + "," + r["ieee8021ad.id"]).split(",") if v])
         if r["ip.len"]:
             assert int(r["frame.len"]) == l2 + int(r["ip.len"]), r
         elif r["ipv6.plen"]:
