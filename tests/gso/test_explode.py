@@ -68,7 +68,7 @@ def test_analyze_counts_the_same_bytes(tmp_path, key):
     a = bigtcp_pcap.analyze(INPUTS[key], audit=False).flows[cols]
     b = bigtcp_pcap.analyze(out, audit=False).flows[cols]
     assert a.sort_values(cols).values.tolist() == b.sort_values(cols).values.tolist()
-    assert a.payload_bytes.sum() > 1_000_000
+    assert a.payload_bytes.sum() > 500_000
 
 
 def _tcp_headers(path: Path) -> collections.Counter:
