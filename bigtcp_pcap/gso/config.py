@@ -51,7 +51,8 @@ class EgressProfile:
     """G12: a plain (non-GSO) frame whose L3 length exceeds it is dropped; also gives the MSS when a flow's SYN
     is not in the capture (mtu - IP header - TCP header)."""
     kernel: str = "6.18"
-    """Kernel behaviour: <= 6.19 senders carry the HBH jumbo header (removed by G9); 7.0 plain payload_len 0."""
+    """Kernel behaviour: before 6.18 a FIXEDID IPv4 skb with DF=0 cannot be segmented (G8); whether the skbs
+    carry the HBH jumbo header (<= 6.19) is read from the capture."""
     resegment: bool = False
     """G10/G11: the re-segmentation series (seed 003) instead of today's MSS segmentation. Also switches the
     limit lookup to the L3 protocol (G3, the series' patch 1) unless ``vlan_l3_limit`` says otherwise."""

@@ -25,13 +25,14 @@ from ..decode.schema import (
     TH_SYN,
     PacketBatch,
 )
+from ..gro.config import parse_kernel
 from . import rules as G
 from .config import EgressProfile
 
 ACTION_PASSED, ACTION_SEGMENTED, ACTION_RESEGMENTED, ACTION_DROPPED = 0, 1, 2, 3
 ACTION_NAMES = ("passed", "segmented", "resegmented", "dropped")
-REASON_NONE, REASON_SIZE, REASON_SEGS, REASON_TSO_OFF, REASON_MTU = 0, 1, 2, 3, 4
-REASON_NAMES = ("none", "gso_max_size", "gso_max_segs", "tso_off", "mtu")
+REASON_NONE, REASON_SIZE, REASON_SEGS, REASON_TSO_OFF, REASON_MTU, REASON_FIXEDID = 0, 1, 2, 3, 4, 5
+REASON_NAMES = ("none", "gso_max_size", "gso_max_segs", "tso_off", "mtu", "fixedid_df0")
 IPV6_MAXPLEN = 65535
 
 COLUMN_TYPES: dict[str, type] = {
@@ -177,6 +178,9 @@ class EgressEngine:
         software = G.g4_software_gso(is_gso, over, prof.tso)
         reseg = G.g10_resegment(is_gso, over, prof.tso, pb.tunnel, 0, prof.resegment)
         cut = software & ~reseg
+        before_618 = parse_kernel(prof.kernel) < (6, 18)
+        failed = cut & G.g8_fixedid_fails(self.fixedid, pb.ip_version == 4, pb.df, before_618)
+        cut &= ~failed
         hdr = G.g9_header_len(pb.l4_off.astype(np.int64), pb.tcp_hdr_len.astype(np.int64), strip)
         dropped = (pb.ip_version > 0) & G.g12_mtu_drop(is_gso, pb.ip_len.astype(np.int64), prof.mtu)
 
@@ -186,11 +190,12 @@ class EgressEngine:
             unit[reseg] = G.g11_group_segs(limit[reseg], prof.gso_max_segs, hdr[reseg], mss1[reseg])
         n_out = (segs + unit - 1) // unit
         action = np.where(cut, ACTION_SEGMENTED, np.where(reseg, ACTION_RESEGMENTED, ACTION_PASSED))
-        action[dropped] = ACTION_DROPPED
+        action[dropped | failed] = ACTION_DROPPED
         reason = np.where(skb_len >= limit, REASON_SIZE, np.where(segs > prof.gso_max_segs, REASON_SEGS,
                                                                    REASON_TSO_OFF))
         reason = np.where(software, reason, REASON_NONE)
         reason[dropped] = REASON_MTU
+        reason[failed] = REASON_FIXEDID
 
         # expand: output j of input i
         src = np.repeat(np.arange(n), n_out)

@@ -74,6 +74,12 @@ def g8_ip_id(id0, first_seg, fixedid):
     return (id0 + first_seg * (fixedid == 0)) & M16
 
 
+def g8_fixedid_fails(fixedid, ipv4, df, before_6_18):
+    """G8 (inet_gso_segment): before 6.18 software segmentation of a SKB_GSO_TCP_FIXEDID IPv4 skb with DF=0
+    fails (-EPROTONOSUPPORT) and the skb is dropped; 6.18 segments it."""
+    return fixedid & ipv4 & (df == 0) & before_6_18
+
+
 def g9_hbh_removed(has_hbh, proto_ipv6):
     """G9 (ipv6_hopopt_jumbo_remove, net/ipv6/exthdrs_core.c): software GSO strips the HBH jumbo header only
     when skb->protocol is IPv6; under an in-band VLAN tag it stays on every segment (payload_len then counts
@@ -123,7 +129,7 @@ def g14_is_gso(payload, mss):
 
 RULES = {
     "G2": g2_over_limit, "G3": g3_limit, "G3b": g3_inband_tags, "G4": g4_software_gso, "G5": g5_gso_segs, "G5b": g5_payload,
-    "G6": g6_seq, "G7": g7_flags, "G8": g8_ip_id, "G9": g9_hbh_removed, "G9b": g9_header_len, "G9c": g9_frame_len,
+    "G6": g6_seq, "G7": g7_flags, "G8": g8_ip_id, "G8b": g8_fixedid_fails, "G9": g9_hbh_removed, "G9b": g9_header_len, "G9c": g9_frame_len,
     "G10": g10_resegment, "G11": g11_group_segs, "G12": g12_mtu_drop, "G14": g14_mss, "G14b": g14_is_gso,
 }
 """Rule number -> function (the tests compile each with numba)."""

@@ -82,6 +82,13 @@ def test_g8_ipv4_id_increments_or_stays_fixed():
     assert G.g8_ip_id(100, 5, True) == 100
 
 
+def test_g8_fixedid_df0_fails_before_6_18():
+    assert G.g8_fixedid_fails(True, True, 0, True)
+    assert not G.g8_fixedid_fails(True, True, 1, True)  # DF set
+    assert not G.g8_fixedid_fails(True, True, 0, False)  # 6.18
+    assert not G.g8_fixedid_fails(False, True, 0, True)  # IDs increment: never a problem
+
+
 def test_g9_hbh_removed_from_segment_headers():
     # ipv6_hopopt_jumbo_remove needs skb->protocol IPv6: under an in-band tag the HBH stays
     assert G.g9_hbh_removed(True, True) and not G.g9_hbh_removed(True, False)
@@ -127,7 +134,7 @@ def test_rules_compile_with_numba():
     cases = {
         "G2": (65536, 45, 65536, 65535), "G3": (True, True, False, 185000, 65536), "G3b": (2, 1), "G4": (True, False, False),
         "G5": (100001, 1428), "G5b": (100001, 70, 1, 1428), "G6": (0xFFFFFF00, 1, 1448),
-        "G7": (TH_ACK | TH_PSH | TH_CWR, False, True), "G8": (0xFFFE, 3, False), "G9": (True, False), "G9b": (62, 32, 1),
+        "G7": (TH_ACK | TH_PSH | TH_CWR, False, True), "G8": (0xFFFE, 3, False), "G8b": (True, True, 0, True), "G9": (True, False), "G9b": (62, 32, 1),
         "G9c": (86, 1428), "G10": (True, True, True, 0, 0, True), "G11": (65536, 65535, 86, 1428),
         "G12": (False, 1501, 1500), "G14": (1440, 32), "G14b": (1429, 1428),
     }
@@ -159,3 +166,25 @@ def test_from_ip_link_json_reads_real_output():
         with pytest.raises(ProfileError, match=what) as e:
             EgressProfile.from_ip_link_json(bad, source="f.json")
         assert str(e.value).startswith("f.json: ") and "\n" not in str(e.value)
+
+
+def test_engine_fixedid_ids_and_the_pre_6_18_failure():
+    """G8 through the engine: a FIXEDID skb's segments all carry the first ID on 6.18; with DF=0 on 6.17 the
+    skb cannot be segmented and is dropped (forwarded GRO output with fixed IDs, e.g.)."""
+    from pathlib import Path
+
+    from bigtcp_pcap.api import iter_batches
+    from bigtcp_pcap.gso.engine import ACTION_DROPPED, ACTION_SEGMENTED, EgressEngine
+
+    cap = Path(__file__).resolve().parents[1] / "fixtures" / "kernel" / "egress" / "v4_gso65536.a0.pcap.xz"
+    (pb, _), = list(iter_batches(cap))
+    fid = np.zeros(len(pb), np.int64)
+    pb.df[:] = 0
+    new = EgressEngine(EgressProfile(kernel="6.18"), fixedid=True).feed(pb, fid)
+    seg = new.action == ACTION_SEGMENTED
+    assert seg.sum() > 100
+    first_ids = {f: i for f, i, k in zip(new.source_frame[seg], new.ip_id[seg], new.out_index[seg]) if k == 0}
+    assert all(first_ids[f] == i for f, i in zip(new.source_frame[seg], new.ip_id[seg]))
+    old = EgressEngine(EgressProfile(kernel="6.17"), fixedid=True).feed(pb, fid)
+    assert (old.action == ACTION_SEGMENTED).sum() == 0
+    assert (old.action == ACTION_DROPPED).sum() == len(first_ids)
