@@ -166,7 +166,7 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
     info = reader.info
     flows = FlowTable()
     tally = _Tally()
-    sink = P.TableSink(out / "egress.parquet", EGRESS_SCHEMA)
+    sink = P.TableSink(out / "egress.parquet", EGRESS_SCHEMA, background=True)  # encoding on a writer thread
     sink_sp = None
     if gro is not None:
         from ..output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns

@@ -131,29 +131,47 @@ class EgressEngine:
             raise ValueError(f"mss must be an int in 1..65535, got {mss!r}")
         self.mss = mss
         self.fixedid = bool(fixedid)
-        self._syn_mss: dict[int, int] = {}
+        self._syn_mss: dict[int, int] = {}  # connection key -> smaller SYN MSS option
+        self._flow_mss = np.zeros(1024, np.int64)  # flow id -> gso_size once resolved (G14), 0 = not yet
 
-    def _mss_of(self, pb: PacketBatch, tcp: np.ndarray, hbh: np.ndarray) -> np.ndarray:
-        """G14: per row the sender's gso_size (0 for rows that are not TCP)."""
+    def _mss_of(self, pb: PacketBatch, tcp: np.ndarray, hbh: np.ndarray, flow_id: np.ndarray) -> np.ndarray:
+        """G14: per row the sender's gso_size (0 for rows that are not TCP). Resolved once per flow, at its
+        first data row (both SYNs are behind by then); rows of untracked flows (flow_id -1) are looked up
+        each time."""
         n = len(pb)
         out = np.zeros(n, np.int64)
         if self.mss is not None:
             out[tcp] = self.mss
             return out
-        key = conn_key(pb)
         syn = tcp & ((pb.tcp_flags & TH_SYN) != 0) & (pb.tcp_mss > 0)
-        for k, m in zip(key[syn].tolist(), pb.tcp_mss[syn].tolist()):  # one per SYN: the connection's smaller
-            self._syn_mss[k] = min(m, self._syn_mss.get(k, m))
-        rows = np.flatnonzero(tcp)
-        if rows.size == 0:
-            return out
-        uniq, inv = np.unique(key[rows], return_inverse=True)
-        syn_mss = np.array([self._syn_mss.get(k, 0) for k in uniq.tolist()], np.int64)[inv.ravel()]
-        thl = pb.tcp_hdr_len[rows].astype(np.int64)
-        from_syn = G.g14_mss(syn_mss, thl)
-        ip_hdr = pb.ip_hdr_len[rows].astype(np.int64) - G.HBH_JUMBO_LEN * hbh[rows]
-        from_mtu = self.profile.mtu - ip_hdr - thl
-        out[rows] = np.maximum(1, np.where(syn_mss > 0, from_syn, from_mtu))
+        if syn.any():
+            for k, m in zip(conn_key(pb.take(syn)).tolist(), pb.tcp_mss[syn].tolist()):  # per SYN: the smaller
+                self._syn_mss[k] = min(m, self._syn_mss.get(k, m))
+        fid = np.asarray(flow_id, np.int64)
+        top = int(fid.max()) + 1 if n else 0
+        if top > self._flow_mss.shape[0]:
+            self._flow_mss = np.concatenate([self._flow_mss, np.zeros(max(top, 2 * self._flow_mss.shape[0])
+                                                                      - self._flow_mss.shape[0], np.int64)])
+        data = tcp & (pb.tcp_payload_len > 0)
+        tracked = fid >= 0
+        need = data & tracked
+        need[need] = self._flow_mss[fid[need]] == 0
+        ask = np.flatnonzero(need | (tcp & ~tracked))
+        if ask.size:
+            first = ask
+            if need.any():  # one row per unresolved flow is enough
+                _, pick = np.unique(fid[ask], return_index=True)
+                first = np.union1d(ask[pick], ask[~tracked[ask]])
+            sub = pb.take(first)
+            syn_mss = np.array([self._syn_mss.get(k, 0) for k in conn_key(sub).tolist()], np.int64)
+            thl = sub.tcp_hdr_len.astype(np.int64)
+            ip_hdr = sub.ip_hdr_len.astype(np.int64) - G.HBH_JUMBO_LEN * hbh[first]
+            got = np.maximum(1, np.where(syn_mss > 0, G.g14_mss(syn_mss, thl), self.profile.mtu - ip_hdr - thl))
+            t = tracked[first] & data[first]
+            self._flow_mss[fid[first][t]] = got[t]
+            out[first] = got
+        rows = tcp & tracked & (self._flow_mss[np.maximum(fid, 0)] > 0)
+        out[rows] = self._flow_mss[fid[rows]]
         return out
 
     def feed(self, pb: PacketBatch, flow_id: np.ndarray) -> EgressBatch:
@@ -165,7 +183,7 @@ class EgressEngine:
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.tcp_hdr_len >= 20) & ((pb.status & ST_TRUNC_L4) == 0)
         hbh = (pb.bigtcp == BIGTCP_HBH_JUMBO).astype(np.int64)
         payload = pb.tcp_payload_len.astype(np.int64)
-        mss = self._mss_of(pb, tcp, hbh)
+        mss = self._mss_of(pb, tcp, hbh, flow_id)
         is_gso = tcp & (payload > 0) & G.g14_is_gso(payload, np.maximum(mss, 1))
         mss1 = np.maximum(mss, 1)
         segs = np.where(is_gso, G.g5_gso_segs(payload, mss1), 1)

@@ -30,11 +30,13 @@ import numpy as np
 from ..capture.reader import CaptureReader
 from ..decode import decode
 from ..errors import CaptureError
+from ..flows.table import FlowTable
 from .config import EgressProfile, ProfileError
 from .engine import ACTION_SEGMENTED, EgressEngine
 
 STEP_NS = 1000  # at most 1 us between the segments of one super-packet
 MAX_SNAPLEN = 262144
+CHUNK = 16384  # output records per gather
 
 
 @dataclass
@@ -84,54 +86,57 @@ class _Writer:
                 self._block(1, struct.pack("<HHI", lt, 0, snaplen) + opts)
 
     def records(self, buf: np.ndarray, pieces: tuple[np.ndarray, np.ndarray, np.ndarray], caplen: np.ndarray,
-                wirelen: np.ndarray, ts: np.ndarray, if_id: np.ndarray) -> np.ndarray:
+                wirelen: np.ndarray, ts: np.ndarray, if_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Lay out one record per row; ``pieces`` = (row, src offset in buf, length), in row order, whose
-        lengths sum to each row's caplen. Returns (out buffer, data offset of each row) for patching."""
+        lengths sum to each row's caplen. Returns (out buffer, data offset of each row) for patching.
+
+        Every byte of the output is one gather from a single source (buf, then the record headers, trailers and
+        padding): the index is a running sum that jumps at each piece's start, so no per-byte repeat."""
         n = caplen.shape[0]
         cap = caplen.astype(np.int64)
+        ts = ts.astype(np.int64)
         if self.pcapng:
             pad = (-cap) % 4
             head, tail = 28, 4
+            ifmap = np.array([self.ifaces[i] for i in if_id.tolist()], np.uint32) if n else np.zeros(0, np.uint32)
+            rec = head + cap + pad + tail
+            hdr = np.stack([np.full(n, 6, np.uint32), rec.astype(np.uint32), ifmap, (ts >> 32).astype(np.uint32),
+                            (ts & 0xFFFFFFFF).astype(np.uint32), cap.astype(np.uint32), wirelen.astype(np.uint32)],
+                           axis=1)
+            trailer = rec.astype("<u4")
         else:
             pad = np.zeros(n, np.int64)
             head, tail = 16, 0
-        rec = head + cap + pad + tail
-        start = np.cumsum(rec) - rec
-        out = np.zeros(int(rec.sum()), np.uint8)
-        ts = ts.astype(np.int64)
-        if self.pcapng:
-            ifmap = np.array([self.ifaces[i] for i in if_id.tolist()], np.uint32) if n else np.zeros(0, np.uint32)
-            hdr = np.stack([np.full(n, 6, np.uint32), rec.astype(np.uint32), ifmap,
-                            (ts >> 32).astype(np.uint32), (ts & 0xFFFFFFFF).astype(np.uint32),
-                            cap.astype(np.uint32), wirelen.astype(np.uint32)], axis=1)
-            _scatter(out, start + rec - 4, rec.astype("<u4").reshape(n, 1).view(np.uint8).reshape(n, 4))
-        else:
+            rec = head + cap
             hdr = np.stack([(ts // 1_000_000_000).astype(np.uint32), (ts % 1_000_000_000).astype(np.uint32),
                             cap.astype(np.uint32), wirelen.astype(np.uint32)], axis=1)
-        _scatter(out, start, np.ascontiguousarray(hdr.astype("<u4")).view(np.uint8).reshape(n, head))
-        data = start + head
+            trailer = np.zeros(0, "<u4")
+        hb = np.ascontiguousarray(hdr.astype("<u4")).view(np.uint8).ravel()
+        tb = np.ascontiguousarray(trailer).view(np.uint8)
+        src_all = np.concatenate([buf, hb, tb, np.zeros(4, np.uint8)])
+        h0, t0, z0 = buf.shape[0], buf.shape[0] + hb.shape[0], buf.shape[0] + hb.shape[0] + tb.shape[0]
         row, src, ln = pieces
-        within = np.cumsum(ln) - ln  # offset of each piece inside its row's data
-        first_of_row = np.zeros(row.shape[0], np.int64)
-        if row.size:
-            brk = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
-            base = np.repeat(within[brk], np.diff(np.r_[brk, row.shape[0]]))
-            first_of_row = within - base
-        dst = data[row] + first_of_row
-        total = int(ln.sum())
+        rows = np.arange(n)
+        # all pieces of the output in order: per row header, data pieces, padding, trailer
+        prow = np.concatenate([rows, row, rows, rows[:n if tail else 0]])
+        psrc = np.concatenate([h0 + rows * head, src, np.full(n, z0), t0 + rows[:n if tail else 0] * 4])
+        plen = np.concatenate([np.full(n, head), ln, pad, np.full(n if tail else 0, tail)])
+        order = np.argsort(prow, kind="stable")
+        psrc, plen = psrc[order], plen[order]
+        keep = plen > 0
+        psrc, plen = psrc[keep], plen[keep]
+        total = int(plen.sum())
+        step = np.ones(total, np.int64)
         if total:
-            rel = np.arange(total) - np.repeat(np.cumsum(ln) - ln, ln)
-            out[np.repeat(dst, ln) + rel] = buf[np.repeat(src, ln) + rel]
-        return out, data
+            starts = np.cumsum(plen) - plen
+            step[0] = psrc[0]
+            step[starts[1:]] = psrc[1:] - (psrc[:-1] + plen[:-1] - 1)
+        out = src_all[np.cumsum(step)] if total else np.zeros(0, np.uint8)
+        start = np.cumsum(rec) - rec
+        return out, start + head
 
     def write(self, out: np.ndarray) -> None:
         self.f.write(out.tobytes())
-
-
-def _scatter(out: np.ndarray, at: np.ndarray, rows: np.ndarray) -> None:
-    """out[at[i] : at[i] + w] = rows[i] for every i (rows: (n, w) uint8)."""
-    if rows.size:
-        out[(at[:, None] + np.arange(rows.shape[1])).ravel()] = rows.ravel()
 
 
 def _put16(out: np.ndarray, at: np.ndarray, v: np.ndarray) -> None:
@@ -178,6 +183,7 @@ def explode(source: str | os.PathLike | BinaryIO, dest: str | os.PathLike, *, ms
     prof = EgressProfile(tso=False, mtu=mtu, name="explode")  # G4: every GSO skb cut in software
     engine = EgressEngine(prof, mss=mss, strip_hbh=True)
     reader = CaptureReader(source)
+    flows = FlowTable()  # flow ids: the engine resolves each flow's MSS once (G14)
     frames_in = frames_out = supers = segs_out = 0
     error: CaptureError | None = None
     tmp = dest.with_name(dest.name + ".part")
@@ -186,10 +192,9 @@ def explode(source: str | os.PathLike | BinaryIO, dest: str | os.PathLike, *, ms
         try:
             for rb in reader:
                 pb, _ = decode(rb)
-                eb = engine.feed(pb, np.zeros(len(pb), np.int64))
+                eb = engine.feed(pb, flows.assign(pb))
                 snap = max((s for s in reader.info.snaplens if s > 0), default=MAX_SNAPLEN)
-                out, n_sp, n_seg = _batch(w, rb, pb, eb, snap)
-                w.write(out)
+                n_sp, n_seg = _batch(w, rb, pb, eb, snap)
                 frames_in += len(pb)
                 frames_out += len(eb)
                 supers += n_sp
@@ -205,8 +210,8 @@ def explode(source: str | os.PathLike | BinaryIO, dest: str | os.PathLike, *, ms
     return ExplodeResult(dest=dest, summary=summary, error=error)
 
 
-def _batch(w: _Writer, rb, pb, eb, snap: int) -> tuple[np.ndarray, int, int]:
-    """One input batch -> the output records' bytes, (super-packets, their segments)."""
+def _batch(w: _Writer, rb, pb, eb, snap: int) -> tuple[int, int]:
+    """Write the output records of one input batch; returns (super-packets, their segments)."""
     n = len(eb)
     s = eb.source_index
     split = (eb.action == ACTION_SEGMENTED) & (pb.tunnel[s] == 0)
@@ -230,37 +235,43 @@ def _batch(w: _Writer, rb, pb, eb, snap: int) -> tuple[np.ndarray, int, int]:
     take = np.minimum(np.minimum(avail, pay), room)
     caplen = np.where(split, hdr_out + take, cap_in)
     wirelen = np.where(split, eb.frame_len.astype(np.int64), pb.wirelen[s].astype(np.int64))
-    # pieces: passed rows one (whole record); split rows: [head (up to the HBH)], [rest of the headers], payload
-    rows = np.arange(n)
-    a_len = np.where(split, np.where(hbh, l3 + 40, hdr_in), cap_in)
-    b_src = off + l3 + 48
-    b_len = np.where(hbh, hdr_in - l3 - 48, 0)
-    c_src = off + hdr_in + p0
-    c_len = np.where(split, take, 0)
-    prow = np.concatenate([rows, rows, rows])
-    psrc = np.concatenate([off, b_src, c_src])
-    plen = np.concatenate([a_len, b_len, c_len])
-    order = np.argsort(prow, kind="stable")
-    prow, psrc, plen = prow[order], psrc[order], plen[order]
     # timestamps: spread the segments of one super-packet up to the next input frame
     ts_in = pb.ts_ns.astype(np.int64)
     nxt = np.r_[ts_in[1:], ts_in[-1] + STEP_NS * 65536] if len(ts_in) else ts_in
     n_out = np.bincount(s, minlength=len(pb))
     step = np.minimum(STEP_NS, (nxt - ts_in) // np.maximum(n_out, 1))
     ts = ts_in[s] + eb.out_index.astype(np.int64) * np.maximum(step[s], 0)
-    out, data = w.records(rb.buf, (prow, psrc, plen), caplen, wirelen, ts, pb.if_id[s])
-    _patch(out, data, split, hbh, rb.buf, off, l3, hdr_out, pb, s, eb, caplen)
-    return out, int((split & (eb.out_index == 0)).sum()), int(split.sum())
+    # pieces: passed rows one (whole record); split rows: [head (up to the HBH)], [rest of the headers], payload
+    a_len = np.where(split, np.where(hbh, l3 + 40, hdr_in), cap_in)
+    b_src = off + l3 + 48
+    b_len = np.where(hbh, hdr_in - l3 - 48, 0)
+    c_src = off + hdr_in + p0
+    c_len = np.where(split, take, 0)
+    fields = {"l3_len": eb.l3_len, "ip_id": eb.ip_id, "seq": eb.seq, "flags": eb.tcp_flags, "frame_len": eb.frame_len,
+              "v4": pb.ip_version[s] == 4, "thl": pb.tcp_hdr_len[s]}
+    for a in range(0, n, CHUNK):  # bounded memory: the gather index is one int64 per output byte
+        b = min(n, a + CHUNK)
+        rows = np.arange(b - a)
+        prow = np.concatenate([rows, rows, rows])
+        psrc = np.concatenate([off[a:b], b_src[a:b], c_src[a:b]])
+        plen = np.concatenate([a_len[a:b], b_len[a:b], c_len[a:b]])
+        order = np.argsort(prow, kind="stable")
+        out, data = w.records(rb.buf, (prow[order], psrc[order], plen[order]), caplen[a:b], wirelen[a:b], ts[a:b],
+                              pb.if_id[s[a:b]])
+        _patch(out, data, split[a:b], hbh[a:b], rb.buf, off[a:b], l3[a:b], hdr_out[a:b], caplen[a:b],
+               {k: v[a:b] for k, v in fields.items()})
+        w.write(out)
+    return int((split & (eb.out_index == 0)).sum()), int(split.sum())
 
 
-def _patch(out, data, split, hbh, buf, off, l3, hdr_out, pb, s, eb, caplen) -> None:
+def _patch(out, data, split, hbh, buf, off, l3, hdr_out, caplen, f: dict) -> None:
     """Fix the headers of the segments in place (G6-G9) and their checksums."""
     r = np.flatnonzero(split)
     if r.size == 0:
         return
     d, l3r = data[r], l3[r]
-    v4 = pb.ip_version[s][r] == 4
-    l3_len = eb.l3_len[r].astype(np.int64)
+    v4 = f["v4"][r]
+    l3_len = f["l3_len"][r].astype(np.int64)
     # IPv6: payload length, and the next header that the removed HBH named
     r6, r4 = ~v4, v4
     _put16(out, (d + l3r + 4)[r6], l3_len[r6] - 40)
@@ -269,22 +280,23 @@ def _patch(out, data, split, hbh, buf, off, l3, hdr_out, pb, s, eb, caplen) -> N
     # IPv4: total length, ID, header checksum
     at = (d + l3r)[r4]
     _put16(out, at + 2, l3_len[r4])
-    _put16(out, at + 4, eb.ip_id[r][r4].astype(np.int64))
+    _put16(out, at + 4, f["ip_id"][r][r4].astype(np.int64))
     ihl = (out[at].astype(np.int64) & 0xF) * 4
     out[at + 10] = 0
     out[at + 11] = 0
     _put16(out, at + 10, _fold(_sum16(out, at, ihl)))
     # TCP: seq, flags (AE in byte 12 bit 0, the rest in byte 13)
-    t = d + hdr_out[r] - pb.tcp_hdr_len[s][r].astype(np.int64)
-    _put32(out, t + 4, eb.seq[r].astype(np.int64))
-    fl = eb.tcp_flags[r].astype(np.int64)
+    t = d + hdr_out[r] - f["thl"][r].astype(np.int64)
+    _put32(out, t + 4, f["seq"][r].astype(np.int64))
+    fl = f["flags"][r].astype(np.int64)
     out[t + 13] = fl & 0xFF
     out[t + 12] = (out[t + 12] & 0xFE) | ((fl >> 8) & 1)
     # TCP checksum, only for segments captured whole (else the payload is unknown)
-    whole = caplen[r] == eb.frame_len[r].astype(np.int64)
+    frame_len = f["frame_len"][r].astype(np.int64)
+    whole = caplen[r] == frame_len
     if whole.any():
         tw, dw, l3w, v4w = t[whole], d[whole], l3r[whole], v4[whole]
-        tcp_len = eb.frame_len[r][whole].astype(np.int64) - (tw - dw)
+        tcp_len = frame_len[whole] - (tw - dw)
         out[tw + 16] = 0
         out[tw + 17] = 0
         ssum = _sum16(out, tw, tcp_len)

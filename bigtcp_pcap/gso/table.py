@@ -10,9 +10,11 @@ from ..output import arrow as A
 from ..output.parquet import BIGTCP_TYPE, TS_TYPE
 from .engine import ACTION_NAMES, REASON_NAMES, EgressBatch
 
+ADDR_TYPE = pa.dictionary(pa.int32(), pa.string())  # one string per flow in the batch, not per row
+
 EGRESS_SCHEMA = pa.schema([
     ("source_frame", pa.uint64()), ("out_index", pa.uint32()), ("ts_ns", TS_TYPE), ("flow_id", pa.int64()),
-    ("src", pa.string()), ("dst", pa.string()), ("ip_version", pa.uint8()), ("sport", pa.uint16()),
+    ("src", ADDR_TYPE), ("dst", ADDR_TYPE), ("ip_version", pa.uint8()), ("sport", pa.uint16()),
     ("dport", pa.uint16()), ("seq", pa.uint32()), ("payload_len", pa.uint32()), ("l3_len", pa.uint32()),
     ("frame_len", pa.uint32()), ("gso_segs", pa.uint32()), ("gso_size", pa.uint32()), ("action", BIGTCP_TYPE),
     ("reason", BIGTCP_TYPE), ("ip_id", pa.uint16()), ("tcp_flags", pa.uint16()), ("bigtcp", BIGTCP_TYPE),
@@ -24,16 +26,24 @@ tso_off, mtu; none when passed)."""
 
 
 def egress_columns(eb: EgressBatch, flows) -> dict:
-    """Columns for EGRESS_SCHEMA; addresses come from the flow table (one string per distinct flow)."""
+    """Columns for EGRESS_SCHEMA; addresses come from the flow table, as dictionary columns whose values are
+    the batch's distinct flows (found with a bincount, not a sort: the rows are many, the flows few)."""
     fid = eb.flow_id
-    uniq, inv = np.unique(fid, return_inverse=True)
-    keys = [flows.key(f)[:2] if f >= 0 else (None, None) for f in uniq.tolist()]
-    idx = inv.ravel()
     no_l4 = fid < 0
+    present = np.flatnonzero(np.bincount(fid[~no_l4], minlength=len(flows))) if (~no_l4).any() else \
+        np.zeros(0, np.int64)
+    slot = np.zeros(len(flows) + 1, np.int32)
+    slot[present] = np.arange(present.shape[0], dtype=np.int32)
+    idx = slot[np.where(no_l4, len(flows), fid)]
+    keys = [flows.key(int(f))[:2] for f in present.tolist()]
+    codes = A.array(idx, pa.int32(), no_l4)
+
+    def addr(j: int) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(codes, A.array([k[j] for k in keys], pa.string()))
+
     return {
         "source_frame": eb.source_frame, "out_index": eb.out_index, "ts_ns": eb.ts_ns.view("datetime64[ns]"),
-        "flow_id": (fid, no_l4), "src": A.take_strings([k[0] for k in keys], idx),
-        "dst": A.take_strings([k[1] for k in keys], idx), "ip_version": eb.ip_version,
+        "flow_id": (fid, no_l4), "src": addr(0), "dst": addr(1), "ip_version": eb.ip_version,
         "sport": (eb.sport, no_l4), "dport": (eb.dport, no_l4), "seq": (eb.seq, no_l4),
         "payload_len": eb.payload_len, "l3_len": eb.l3_len, "frame_len": eb.frame_len, "gso_segs": eb.gso_segs,
         "gso_size": eb.gso_size, "action": A.dictionary(eb.action, ACTION_NAMES),
