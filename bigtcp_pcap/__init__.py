@@ -7,13 +7,18 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Analysis", "CaptureError", "__version__", "analyze", "iter_batches", "sample_capture"]
+__all__ = ["Analysis", "CaptureError", "EgressProfile", "__version__", "analyze", "egress", "explode", "iter_batches",
+           "sample_capture"]
 
 
 def __getattr__(name: str):
     # lazy, so that the CLI can configure pyarrow's allocator before pyarrow is first imported
     if name in ("Analysis", "analyze", "iter_batches", "sample_capture"):
         from . import api
+
+        return getattr(api, name)
+    if name in ("egress", "explode", "EgressProfile"):  # the transmit side (bigtcp_pcap/gso)
+        from .gso import api
 
         return getattr(api, name)
     if name == "CaptureError":

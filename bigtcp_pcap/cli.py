@@ -155,12 +155,14 @@ def _register_subcommands() -> None:
     from .audit.cli import register as register_audit
     from .audit.ebpf_cli import register as register_ebpf
     from .compare_cli import register as register_compare
+    from .gso.cli import register as register_gso
     from .wireshark.cli import register as register_wireshark
 
     register_audit(app)
     register_ebpf(app)
     register_compare(app)
     register_wireshark(app)
+    register_gso(app)
 
 
 _register_subcommands()
