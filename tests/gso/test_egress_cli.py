@@ -105,9 +105,10 @@ def test_named_profiles_from_the_cli(tmp_path):
 @pytest.mark.parametrize("name", ["v6_gso65536", "v6_gso100000", "v4_gso65536", "v4_segs24"])
 def test_then_gro_equals_gro_on_the_real_b1_capture(tmp_path, name):
     """--then-gro: GRO of the predicted output == GRO (the same engine, the same settings) of b1's real capture.
-    Polls are taken out (no idle gap, no budget), so only packet contents decide; those must be identical."""
+    Polls are taken out (no idle gap, no budget, no ACK evidence), so only packet contents decide; those must be
+    identical."""
     cfg = GroConfig(gro_max_size=185000, gro_ipv4_max_size=185000, poll_gap_us=math.inf, napi_weight=10**9,
-                    max_gro_skbs=math.inf)
+                    max_gro_skbs=math.inf, ack_evidence=False)
     res = bigtcp_pcap.egress(EGRESS_DIR / f"{name}.a0.pcap.xz", profile=recorded_profile(name), then_gro=cfg)
     real = bigtcp_pcap.analyze(EGRESS_DIR / f"{name}.b1.pcap.xz", gro=cfg, audit=False).superpackets
 
