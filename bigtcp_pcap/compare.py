@@ -14,8 +14,8 @@ overlapping sequence ranges, and each cluster gets a cause:
 * ``poll_boundary``: both sides carry exactly the same bytes, cut at different places, and every cut the
   rebuild made that the kernel did not is a NAPI poll end (or the kernel cut where the rebuild merged): the one
   thing a capture does not record (gro-spec section 7.1);
-* ``rule``: the same bytes, but the rebuild cut where the kernel did not for a rule's reason (a size limit, an
-  option or flag change, ...): a rule or a setting disagrees;
+* ``rule``: the same bytes, every kernel cut is also a rebuild cut, but the rebuild cut more, for a rule's
+  reason (a size limit, an option or flag change, ...): a rule or a setting disagrees;
 * ``drop_or_retransmission``: the two sides do not carry the same bytes (a segment lost between the two capture
   points, a retransmission, or a capture drop).
 
@@ -243,9 +243,12 @@ def _classify(kernel_only: dict, sim_only: dict) -> tuple[collections.Counter, c
             span = (min(r[0] for r in c), max(r[0] + r[1] for r in c))
             if ks and ss and _covers(span, ks) and _covers(span, [(s, ln) for s, ln, _ in ss]):
                 kcuts = {s + ln for s, ln in ks}
-                # the rebuild's cuts the kernel did not make, and why the rebuild made them
+                scuts = {s + ln for s, ln, _ in ss}
+                # the rebuild's cuts the kernel did not make, and why the rebuild made them; a kernel cut the
+                # rebuild lacks is a poll end it could not see (its later rule cuts are consequences)
                 extra = [why for s, ln, why in ss if s + ln not in kcuts]
-                cause = "rule" if any(w not in POLL_REASONS for w in extra) else "poll_boundary"
+                rule = any(w not in POLL_REASONS for w in extra) and kcuts <= scuts
+                cause = "rule" if rule else "poll_boundary"
             else:
                 cause = "drop_or_retransmission"
             causes[cause] += len(ks)
