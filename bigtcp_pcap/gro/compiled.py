@@ -54,6 +54,7 @@ from .rules import (
     MERGE,
     acked_end_ends_poll,
     merge_verdict,
+    nic_window_closed,
     r2_gso_segs,
     r2_gso_size,
     r2_plain_limit,
@@ -86,14 +87,14 @@ G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT 
  E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(11, 35)
 NSF = 35
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
-Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE = range(9)
-NQF = 9
+Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN = range(11)
+NQF = 11
 # --- per-(queue, bucket) row of _B ----------------------------------------------------------------------------
 B_HEAD, B_TAIL, B_LEN = range(3)
 # --- config vector _C ------------------------------------------------------------------------------------------
 (C_LIM4, C_LIM6, C_GAP, C_CWR, C_GSO_AUTO, C_NEEDS_DF, C_MAXSKBS, C_HZ, C_PHASE, C_FLUSH_OLD_FULL, C_TMO,
- C_WEIGHT, C_DEFER, C_FALLBACK_MTU, C_HBH, C_NB, C_NQ) = range(17)
-NCF = 17
+ C_WEIGHT, C_DEFER, C_FALLBACK_MTU, C_HBH, C_NB, C_NQ, C_RXU, C_RXF) = range(19)
+NCF = 19
 
 _OUT_TYPES = tuple(COLUMN_TYPES.values())
 _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts polls
@@ -221,6 +222,7 @@ def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
     Q[q, Q_MASKED] = 1 if masked else 0
     Q[q, Q_N] = 0
     Q[q, Q_HASLAST] = 0
+    Q[q, Q_WN] = 0
 
 
 @njit(cache=True)
@@ -240,6 +242,10 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
         if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark):
             Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
             _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
+            continue
+        if nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
+            Q[q, Q_CAUSE] = R.PE_COALESCE
+            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # the NIC's IRQ window closed
             continue
         if Q[q, Q_HASDL] and t >= Q[q, Q_DL]:
             Q[q, Q_CAUSE] = R.PE_TIMER
@@ -309,9 +315,15 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
             if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark):
                 Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
+            elif nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
+                Q[q, Q_CAUSE] = R.PE_COALESCE
+                _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         Q[q, Q_LAST] = t
         Q[q, Q_HASLAST] = 1
+        if Q[q, Q_WN] == 0:  # this packet found NAPI idle: it opens the NIC's coalescing window
+            Q[q, Q_WS] = t
+        Q[q, Q_WN] += 1
 
         k = kind[i]
         if k == KIND_TCP:
@@ -450,6 +462,7 @@ def _flush_end(S, Q, B, C, O, K, nq):
             Q[q, Q_CAUSE] = R.PE_END
             _flush_all(S, Q, B, C, O, K, q, R.END_OF_CAPTURE)
         Q[q, Q_HASLAST] = 0
+        Q[q, Q_WN] = 0
         Q[q, Q_N] = 0
         Q[q, Q_HASDL] = 0
         Q[q, Q_MASKED] = 0
@@ -625,6 +638,8 @@ class CompiledGroEngine:
         C[C_HBH] = cfg.ipv6_hbh
         C[C_NB] = cfg.gro_hash_buckets
         C[C_NQ] = cfg.rx_queues
+        C[C_RXU] = cfg.rx_usecs * 1000
+        C[C_RXF] = cfg.rx_frames
         self._C = C
         self._nb = cfg.gro_hash_buckets
         # per flow key (gid)

@@ -68,6 +68,13 @@ class GroConfig:
     """R15b: IPv6 (<= 6.19) may pass 64 KiB only with 8 bytes of headroom for the HBH; assume it is there."""
     fallback_mtu: int = 1500
     """Without a SYN MSS option for a flow, a payload that cannot fit this L3 MTU marks an aggregated input."""
+    rx_usecs: int = 0
+    """NIC interrupt coalescing (``ethtool -c``'s rx-usecs): the IRQ, and with it the NAPI poll, comes this
+    many microseconds after the first packet that arrives while NAPI is idle; the poll takes what arrived by
+    then, later packets wait for the next one. 0: no coalescing window (veth, or rx-usecs 0)."""
+    rx_frames: int = 0
+    """``ethtool -c``'s rx-frames: the IRQ fires as soon as this many packets wait, if before rx-usecs.
+    0: no frame limit."""
     split_receivers: bool = True
     """One GRO/NAPI model per receiving host (destination MAC, the cooked capture's direction, or the
     destination address), so that ACKs coming back never count into the data receiver's NAPI budget."""
@@ -106,6 +113,10 @@ class GroConfig:
         if self.hbh_headroom_ok not in (True, False):
             raise ValueError(f"hbh_headroom_ok must be True or False, got {self.hbh_headroom_ok!r}")
         _check_int("fallback_mtu", self.fallback_mtu, 68)
+        _check_int("rx_usecs", self.rx_usecs, 0)
+        _check_int("rx_frames", self.rx_frames, 0)
+        if self.rx_usecs > 10**9:
+            raise ValueError(f"rx_usecs must be <= 10**9 (1000 s), got {self.rx_usecs!r}")
         for name in ("split_receivers", "ack_evidence"):
             if getattr(self, name) not in (True, False):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -69,6 +69,7 @@ r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = py(rules.r21_4_jiffy), py(rules.
     rules.r21_5_poll_end)
 r21_3_budget_used = py(rules.r21_3_budget_used)
 acked_end_ends_poll = py(rules.acked_end_ends_poll)
+nic_window_closed = py(rules.nic_window_closed)
 
 
 class _Held:
@@ -127,6 +128,9 @@ class GroEngine:
         self._qmasked: list[bool] = []  # R21.5 IRQs kept masked (napi_defer_hard_irqs)
         self._qdefer: list[int] = []  # R21.5 defer_hard_irqs_count
         self._qcause: list[int] = []  # what ends the poll being completed (reasons.PE_*)
+        self._qws: list[int] = []  # NIC coalescing: arrival of the packet that opened the IRQ window
+        self._qwn: list[int] = []  # packets since then (0: no window open)
+        self._rxu = cfg.rx_usecs * 1000
         self._ensure_queues(cfg.rx_queues)
         # per flow key (gid)
         self._gid_of: dict[tuple[int, ...], int] = {}
@@ -178,6 +182,7 @@ class GroEngine:
                 self._qcause[q] = R.PE_END
                 self._flush_all(q, R.END_OF_CAPTURE)
             self._qlast[q] = None
+            self._qwn[q] = 0
             self._qn[q] = 0
             self._qdeadline[q] = None
             self._qmasked[q] = False
@@ -205,6 +210,8 @@ class GroEngine:
             self._qmasked.append(False)
             self._qdefer.append(0)
             self._qcause.append(R.PE_NONE)
+            self._qws.append(0)
+            self._qwn.append(0)
 
     def _queue_rows(self, prep: Prepared, rx: np.ndarray) -> np.ndarray:
         """RX queue per packet: per receiver, (flow hash >> 32) % rx_queues (RSS stand-in)."""
@@ -298,6 +305,7 @@ class GroEngine:
         ak = acked.tolist() if acked is not None else None
         nxt = next_same(np.asarray(gids)).tolist() if acked is not None else None
         qcause = self._qcause
+        qws, qwn, rxu, rxf = self._qws, self._qwn, self._rxu, cfg.rx_frames
         nq = cfg.rx_queues
 
         tmo = cfg.gro_flush_timeout_ns > 0
@@ -335,8 +343,14 @@ class GroEngine:
                 if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i]):
                     qcause[q] = R.PE_GAP if ps is None else R.PE_TRACE
                     self._complete_poll(q, last, qn[q])
+                elif nic_window_closed(qwn[q], t, qws[q], rxu, rxf):
+                    qcause[q] = R.PE_COALESCE
+                    self._complete_poll(q, last, qn[q])
                 now = t
             qlast[q] = t
+            if not qwn[q]:  # this packet found NAPI idle: it opens the NIC's coalescing window
+                qws[q] = t
+            qwn[q] += 1
 
             k = kind[i]
             if k == KIND_TCP:
@@ -488,6 +502,7 @@ class GroEngine:
         self._qmasked[q] = masked
         self._qn[q] = 0
         self._qlast[q] = None
+        self._qwn[q] = 0
 
     def _timers(self, q: int, t: int, mark: bool | None = None) -> int:
         """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
@@ -505,6 +520,10 @@ class GroEngine:
             last = self._qlast[q]
             if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark):
                 self._qcause[q] = R.PE_GAP if mark is None else R.PE_TRACE
+                self._complete_poll(q, last, self._qn[q])
+                continue
+            if nic_window_closed(self._qwn[q], t, self._qws[q], self._rxu, self.config.rx_frames):
+                self._qcause[q] = R.PE_COALESCE
                 self._complete_poll(q, last, self._qn[q])
                 continue
             dl = self._qdeadline[q]

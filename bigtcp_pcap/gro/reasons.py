@@ -89,5 +89,7 @@ PE_BUDGET = 3  # model: the poll used its napi_weight budget (R21.3)
 PE_TIMER = 4  # model: gro_flush_timeout / napi_defer_hard_irqs timer polls (R21.5)
 PE_TRACE = 5  # known: a poll start given by the caller (the kernel's napi:napi_poll trace)
 PE_END = 6  # the end of the capture
-POLL_END_NAMES: tuple[str, ...] = ("none", "ack", "gap", "budget", "timer", "trace", "end_of_capture")
+PE_COALESCE = 7  # model: the NIC's interrupt coalescing window (rx-usecs / rx-frames) closed
+POLL_END_NAMES: tuple[str, ...] = ("none", "ack", "gap", "budget", "timer", "trace", "end_of_capture",
+                                   "coalescing")
 """Name of each poll_end code."""

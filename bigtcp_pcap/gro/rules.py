@@ -296,6 +296,17 @@ def r21_2_poll_ended(has_last, t, last, gap, marked, mark):
 
 
 @njit(cache=True, inline="always")
+def nic_window_closed(frames, t, window_start, rx_usecs_ns, rx_frames):
+    """NIC interrupt coalescing (gro-spec 7.1: "for NICs use >= rx-usecs"): ``frames`` packets arrived since the
+    first one that found NAPI idle, at ``window_start``; the IRQ fired rx-usecs after it (or once rx-frames
+    were waiting), so a packet at t belongs to the next poll when t is past the window or the frame limit was
+    reached. No window (rx-usecs 0 and rx-frames 0, or no packet yet): never."""
+    if frames == 0 or (rx_usecs_ns == 0 and rx_frames == 0):
+        return False
+    return (rx_usecs_ns > 0 and t - window_start > rx_usecs_ns) or (rx_frames > 0 and frames >= rx_frames)
+
+
+@njit(cache=True, inline="always")
 def r21_5_poll_end(work, held, tmo, defer_hard_irqs, defer_count):
     """R21.2/R21.5 napi_complete_done(work): (timer timeout, IRQs stay masked, new defer count).
 

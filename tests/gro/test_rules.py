@@ -658,3 +658,27 @@ def test_every_payload_byte_lands_in_exactly_one_row():
     r = simulate(pk, gro_max_size=30000)
     assert int(r.payload_len.sum()) == sum(p.get("tcp_payload_len", 0) for p in pk)
     assert int(r.n_segments.sum()) == sum(1 for p in pk if p.get("tcp_payload_len", 0) > 0)
+
+
+# --- NIC interrupt coalescing (rx-usecs / rx-frames) -----------------------------------------------------------
+def test_nic_rx_usecs_window_cuts_a_steady_stream_into_polls():
+    """A steady stream 1 us apart (no idle gap) on a NIC with rx-usecs 10: the IRQ comes 10 us after the first
+    packet, the poll takes the 11 that arrived by then (t0..t0+10 us), the 12th opens the next window."""
+    f = SynthFlow(spacing_ns=1 * US)
+    r = simulate(f.segments(30), rx_usecs=10, poll_gap_us=1000)
+    assert segs(r) == [11, 11, 8]
+    assert r.reason_labels() == ["napi_poll", "napi_poll", "end_of_capture"]
+    from bigtcp_pcap.gro.reasons import POLL_END_NAMES
+
+    assert [POLL_END_NAMES[c] for c in r.poll_end.tolist()] == ["coalescing", "coalescing", "end_of_capture"]
+
+
+def test_nic_rx_frames_fires_the_irq_early():
+    f = SynthFlow(spacing_ns=1 * US)
+    r = simulate(f.segments(20), rx_usecs=100, rx_frames=8, poll_gap_us=1000)
+    assert segs(r) == [8, 8, 4]
+
+
+def test_no_coalescing_by_default_keeps_the_gap_rule_alone():
+    f = SynthFlow(spacing_ns=1 * US)
+    assert segs(simulate(f.segments(30), poll_gap_us=1000)) == [30]
