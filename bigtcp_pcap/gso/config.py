@@ -169,16 +169,10 @@ PROFILE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EgressProfile) if
 
 def field_docs() -> dict[str, str]:
     """Field name -> the docstring under it in ``EgressProfile`` (the CLI's option help)."""
-    import ast
-    import inspect
-    import itertools
+    from ..cli_options import field_docs as docs_of
 
-    body = ast.parse(inspect.getsource(EgressProfile)).body[0].body
-    out = {}
-    for a, b in itertools.pairwise(body):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
-            out[a.target.id] = " ".join(str(b.value.value).split())
-    return out
+    return docs_of(EgressProfile)
+
 
 def _check_int(name: str, v: Any, lo: int, hi: int, why: str) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
