@@ -40,7 +40,7 @@ def test_wrapper_reexports_the_package_names():
     for name in ("nl_set_ipv4_sizes", "nl_get_link_sizes", "Runner", "stop_process", "summarize_pcap", "read_pcap",
                  "parse_frame", "pcap_header", "Scenario", "SCENARIOS", "Experiment", "check_prerequisites",
                  "derive_loopback_pcap", "DERIVED", "IFLA", "DEFAULT_BYTES", "DEFAULT_SNAPLEN", "KERNEL_FIXTURES",
-                 "main", "CaptureError", "CpuPlan"):
+                 "main", "CaptureError", "CpuPlan", "kernel_hz", "tool_versions"):  # + make_egress_captures.py's
         assert getattr(mod, name) is getattr(kl, name), name
     assert set(mod.__all__) <= set(dir(mod))
 
