@@ -1,7 +1,7 @@
 """The decoder on every link type and tunnel it claims, frame by frame against tshark, on real kernel captures.
 
 The captures are in tests/fixtures/kernel/linktypes (see the README there; scripts/make_kernel_captures.py
-``--linktypes`` writes them): LINUX_SLL2 and LINUX_SLL from ``tcpdump -i any`` during BIG TCP runs, Ethernet
+``--linktypes``, i.e. tools/kernel_lab, writes them): LINUX_SLL2 and LINUX_SLL from ``tcpdump -i any`` during BIG TCP runs, Ethernet
 with stacked 802.1ad/802.1Q tags, VXLAN and Geneve inner frames on the underlay veth, LINKTYPE_RAW from a tun
 device, and NULL/LOOP files derived from Ethernet captures (Linux cannot capture those two).
 

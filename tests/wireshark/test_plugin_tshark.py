@@ -2,7 +2,7 @@
 
 Checked against independent references: tcpdump's golden output for its BIG TCP test captures, tshark's own
 fields (tcp.len, ip.len, ipv6.plen, ipv6.opt.jumbo with the TSO preferences on), and the JSON summary that
-scripts/make_kernel_captures.py writes beside each kernel capture (its own stdlib pcap reader).
+the capture tool writes beside each kernel capture (tools/kernel_lab/pcapsummary.py, its own stdlib pcap reader).
 """
 
 from __future__ import annotations
