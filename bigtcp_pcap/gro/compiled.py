@@ -303,6 +303,7 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
     marks = ps.shape[0] > 0
     evidence = ak.shape[0] > 0
     nq = C[C_NQ]
+    nic = C[C_RXU] > 0 or C[C_RXF] > 0
     for i in range(n):
         t = ts[i]
         q = qrow[i]
@@ -315,15 +316,16 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
             if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark):
                 Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
-            elif nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
+            elif nic and nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
                 Q[q, Q_CAUSE] = R.PE_COALESCE
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         Q[q, Q_LAST] = t
         Q[q, Q_HASLAST] = 1
-        if Q[q, Q_WN] == 0:  # this packet found NAPI idle: it opens the NIC's coalescing window
-            Q[q, Q_WS] = t
-        Q[q, Q_WN] += 1
+        if nic:
+            if Q[q, Q_WN] == 0:  # this packet found NAPI idle: it opens the NIC's coalescing window
+                Q[q, Q_WS] = t
+            Q[q, Q_WN] += 1
 
         k = kind[i]
         if k == KIND_TCP:
