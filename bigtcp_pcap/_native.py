@@ -133,6 +133,7 @@ def _numba():
 
 _AOT, _EXPORTS, MODE = _load_aot()
 _force_jit = False  # set while a private JIT copy of a kernel module is executing
+_force_python = False  # set while a private plain-Python copy of a module is executing (``python_twin``)
 fallbacks: dict[str, int] = {}  # entry point -> calls that ran on the JIT (argument types the build did not see)
 
 
@@ -142,6 +143,8 @@ def njit(*args: Any, entry: bool = False, **options: Any):
         return njit(entry=entry, **options)(args[0])
 
     def deco(f):
+        if _force_python:
+            return f
         if _AOT is None or _force_jit:
             numba = _numba()
             disp = numba.njit(_nrt=False, **options)(f)  # no refcount atomics (module docstring)
@@ -178,6 +181,27 @@ class _Guarded:
 
 
 _twins: dict[str, Any] = {}
+_py_twins: dict[str, Any] = {}
+
+
+def python_twin(module: str):
+    """A private copy of ``module`` in which every ``njit`` function stays plain Python (calls between them too).
+
+    The readable reference engine runs the GRO rules this way: the same source the compiled engine inlines,
+    on Python integers, with no compiled code in between (numba's dispatchers would refuse a uint64 digest
+    above 2**63 as an int64 argument)."""
+    global _force_python
+    twin = _py_twins.get(module)
+    if twin is None:
+        spec = importlib.util.find_spec(module)
+        twin = importlib.util.module_from_spec(spec)
+        _force_python = True
+        try:
+            spec.loader.exec_module(twin)
+        finally:
+            _force_python = False
+        _py_twins[module] = twin
+    return twin
 
 
 def _jit_twin(module: str, qualname: str):

@@ -50,26 +50,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._native import python_twin
 from ..decode.schema import TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
 from .prepare import KIND_ALONE, KIND_TCP, Prepared, prepare
-from .rules import M32, py
+from .rules import M32
 from .superpacket import SuperPacketBatch
 
 # the rules, as plain Python (the compiled engine inlines the same source)
-merge_verdict = py(rules.merge_verdict)
-r2_syn_mss, r2_plain_limit, r2_gso_size, r2_gso_segs = (py(f) for f in (
-    rules.r2_syn_mss, rules.r2_plain_limit, rules.r2_gso_size, rules.r2_gso_segs))
-r16_completes, r16_ored_flags, r16_reason = py(rules.r16_completes), py(rules.r16_ored_flags), py(rules.r16_reason)
-r17_goes_alone, r17_alone_reason = py(rules.r17_goes_alone), py(rules.r17_alone_reason)
-r20_completed, r20_observed = py(rules.r20_completed), py(rules.r20_observed)
-r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = py(rules.r21_4_jiffy), py(rules.r21_2_poll_ended), py(
-    rules.r21_5_poll_end)
-r21_3_budget_used = py(rules.r21_3_budget_used)
-acked_end_ends_poll = py(rules.acked_end_ends_poll)
-nic_window_closed = py(rules.nic_window_closed)
+_py = python_twin("bigtcp_pcap.gro.rules")
+merge_verdict = _py.merge_verdict
+r2_syn_mss, r2_plain_limit, r2_gso_size, r2_gso_segs = _py.r2_syn_mss, _py.r2_plain_limit, _py.r2_gso_size, \
+    _py.r2_gso_segs
+r16_completes, r16_ored_flags, r16_reason = _py.r16_completes, _py.r16_ored_flags, _py.r16_reason
+r17_goes_alone, r17_alone_reason = _py.r17_goes_alone, _py.r17_alone_reason
+r20_completed, r20_observed = _py.r20_completed, _py.r20_observed
+r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = _py.r21_4_jiffy, _py.r21_2_poll_ended, _py.r21_5_poll_end
+r21_3_budget_used = _py.r21_3_budget_used
+acked_end_ends_poll = _py.acked_end_ends_poll
+nic_window_closed = _py.nic_window_closed
 
 
 class _Held:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._native import python_twin
 from ..decode.schema import (
     ST_IP_FRAGMENT,
     ST_L4_UNKNOWN,
@@ -30,8 +31,8 @@ KIND_ALONE = 1  # a TCP segment GRO gives up on (R5/R9/R12, R19): delivered alon
 KIND_TCP = 2  # goes through tcp_gro_receive
 
 ETH_MIN_FRAME = rules.ETH_MIN_FRAME
-_flushmark, _flag_word, _l3_word = (rules.py(f) for f in (rules.r7_r11_flushmark, rules.r14_2_flag_word,
-                                                            rules.r8_r11_l3_word))
+_py = python_twin("bigtcp_pcap.gro.rules")  # the same rule source, as Python (it also takes numpy arrays)
+_flushmark, _flag_word, _l3_word = _py.r7_r11_flushmark, _py.r14_2_flag_word, _py.r8_r11_l3_word
 
 NO_GRO_STATUS = ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_MALFORMED | ST_IP_FRAGMENT | ST_L4_UNKNOWN | ST_TRUNC_L2 | ST_TRUNC_L3
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

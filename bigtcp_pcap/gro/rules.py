@@ -1,7 +1,8 @@
 """Every GRO rule once: small functions named and cited by their gro-spec.md R-number.
 
 Both engines call these and nothing else decides a rule. ``compiled.CompiledGroEngine`` inlines them into its
-numba loop; the reference ``engine.GroEngine`` calls the very same source as plain Python (``py()``), so the
+numba loop; the reference ``engine.GroEngine`` calls the very same source as plain Python (a private copy of
+this module in which nothing is compiled: ``_native.python_twin``), so the
 reference keeps only its state bookkeeping (Python objects instead of flat arrays) and the differential test
 between the two checks that bookkeeping, while the rule tests (tests/gro/test_rules.py, run on both engines),
 the kernel's own GRO selftest vectors and the kernel capture pairs check the rules themselves.
@@ -15,8 +16,6 @@ batch with the same functions): they use only arithmetic and bitwise operators.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -44,11 +43,6 @@ FLAG_BITS = 0x1FF  # the TCP flag bits the decoder keeps (tcp_flags), compared b
 ALONE_FLAGS = TH_URG | TH_PSH | TH_RST | TH_SYN | TH_FIN  # R16/R17: these complete p / keep a packet out
 ORED_FLAGS = TH_PSH | TH_FIN  # R16: ORed into p's header on merge
 MERGE = 0  # merge_verdict: the packet joins p (reasons.py has no code 0)
-
-
-def py(f: Any) -> Any:
-    """The plain Python function behind a rule (the reference engine's way to call it)."""
-    return getattr(f, "py_func", f)
 
 
 # --- configuration-level rules (Python: evaluated once per engine) ------------------------------------------
@@ -148,51 +142,61 @@ def merge_verdict(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, gsz, ipid, needs
     """R14 (every check against p's first segment) and R15a/R15c: (MERGE or the reason, p's fixed-ID mode).
 
     The kernel ORs its checks; when several fail, the reason is the most specific one, in the order of
-    reasons.py. The second value is p's IPv4 fixed-ID mode after this packet (R14.5), meaningful on a merge.
-    p never holds a segment with RST, SYN or URG (R17), so an equal flag word rules them out."""
+    reasons.py (``_mismatch_reason``). The second value is p's IPv4 fixed-ID mode after this packet (R14.5),
+    meaningful on a merge. p never holds a segment with RST, SYN or URG (R17), so an equal flag word rules them
+    out. The common case (a contiguous segment with the same headers) takes the first branch; the checks left
+    after it come last in the reason order too, so both branches give the same verdict."""
+    # (RST, SYN and URG are in the flag word, so fwm == p_fwm excludes them: see above)
+    if not fm and (f & cwr_mask) == 0 and ln != 0 and seq == p_nxt and ack == p_ack and fwm == p_fwm \
+            and opt == p_opt and l3w == p_l3w:
+        fixed = p_fixed
+        if v4:
+            # R14.5: IPv4 ID fixed (delta 0) or incrementing (delta == count), the mode decided on packet 2;
+            # before 6.18 the fixed mode needed DF
+            dlt = (ipid - p_id0) & 0xFFFF
+            fixed = p_fixed or (p_count == 1 and dlt == 0 and ((l3w & 1) != 0 or not needs_df))
+            if dlt != (0 if fixed else p_count):
+                return R.IP_ID, p_fixed
+        if gsz:
+            if gsz != p_mss:
+                return R.GSO_SIZE_MISMATCH, p_fixed  # R14.6: a GSO input's gso_size must equal p's mss
+        elif ln > p_mss:
+            return R.MSS_EXCEEDED, p_fixed  # R14.6: (len - 1) >= mss
+        if p_plen + ln >= p_limit:
+            return R.SIZE_LIMIT, p_fixed  # R15a/R15b: p->len + len >= limit refuses
+        return MERGE, fixed
+    return _mismatch_reason(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, p_fwm, p_ack, p_opt, p_l3w, p_nxt), p_fixed
+
+
+@njit(cache=True)
+def _mismatch_reason(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, p_fwm, p_ack, p_opt, p_l3w, p_nxt):
+    """merge_verdict's reason when one of its first checks failed (the order of reasons.py)."""
     if fm:
-        return R.FLUSH_MARKED, p_fixed  # R15c (R2/R7/R11): a flush-marked packet never merges
+        return R.FLUSH_MARKED  # R15c (R2/R7/R11): a flush-marked packet never merges
     if f & TH_RST:
-        return R.RST, p_fixed  # R14.2
+        return R.RST  # R14.2
     if f & TH_SYN:
-        return R.SYN, p_fixed  # R14.2
+        return R.SYN  # R14.2
     if f & TH_URG:
-        return R.URG, p_fixed  # R14.2
+        return R.URG  # R14.2
     if f & cwr_mask:
-        return R.CWR, p_fixed  # R14.1: CWR on the new segment flushes (<= 6.19)
+        return R.CWR  # R14.1: CWR on the new segment flushes (<= 6.19)
     if ln == 0:
-        return (R.FIN if f & TH_FIN else R.NO_PAYLOAD), p_fixed  # R14.6: (len - 1) >= mss for len 0
+        return R.FIN if f & TH_FIN else R.NO_PAYLOAD  # R14.6: (len - 1) >= mss for len 0
     if seq != p_nxt:
-        return R.SEQ_GAP, p_fixed  # R14.7: contiguous (mod 2^32)
+        return R.SEQ_GAP  # R14.7: contiguous (mod 2^32)
     if ack != p_ack:
-        return R.ACK_CHANGE, p_fixed  # R14.3: ack_seq must match
+        return R.ACK_CHANGE  # R14.3: ack_seq must match
     d = fwm ^ p_fwm
     if d:
         if d >> 28:
-            return R.OPTION_CHANGE, p_fixed  # R14.2: data offset differs (option length)
+            return R.OPTION_CHANGE  # R14.2: data offset differs (option length)
         if d >> 16:
-            return (R.CWR if (d >> 16) & TH_CWR else R.FLAGS), p_fixed  # R14.2 (CWR compared on 7.0)
-        return R.WINDOW_CHANGE, p_fixed  # R14.2: the window field
+            return R.CWR if (d >> 16) & TH_CWR else R.FLAGS  # R14.2 (CWR compared on 7.0)
+        return R.WINDOW_CHANGE  # R14.2: the window field
     if opt != p_opt:
-        return R.OPTION_CHANGE, p_fixed  # R14.4: every option byte must match
-    if l3w != p_l3w:
-        return R.IP_CHANGE, p_fixed  # R8/R11/R14.5: TTL/hop limit, TOS/TC, DF
-    fixed = p_fixed
-    if v4:
-        # R14.5: IPv4 ID fixed (delta 0) or incrementing (delta == count), the mode decided on packet 2;
-        # before 6.18 the fixed mode needed DF
-        dlt = (ipid - p_id0) & 0xFFFF
-        fixed = p_fixed or (p_count == 1 and dlt == 0 and ((l3w & 1) != 0 or not needs_df))
-        if dlt != (0 if fixed else p_count):
-            return R.IP_ID, p_fixed
-    if gsz:
-        if gsz != p_mss:
-            return R.GSO_SIZE_MISMATCH, p_fixed  # R14.6: a GSO input's gso_size must equal p's mss
-    elif ln > p_mss:
-        return R.MSS_EXCEEDED, p_fixed  # R14.6: (len - 1) >= mss
-    if p_plen + ln >= p_limit:
-        return R.SIZE_LIMIT, p_fixed  # R15a/R15b: p->len + len >= limit refuses
-    return MERGE, fixed
+        return R.OPTION_CHANGE  # R14.4: every option byte must match
+    return R.IP_CHANGE  # R8/R11/R14.5: TTL/hop limit, TOS/TC, DF (l3w != p_l3w: the only check left)
 
 
 # --- R16/R17: after a merge, and packets that never join -----------------------------------------------------
