@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from . import __version__, _native
+from . import diagnose as D
 from . import findings as F
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
@@ -73,7 +74,8 @@ class Analysis:
         import pandas as pd
 
         path = self.outdir / f"{name}.parquet"
-        return pd.read_parquet(path) if path.exists() else None
+        # nullable integer columns stay integers (pd.Int64Dtype, <NA>) instead of float64 with NaN
+        return pd.read_parquet(path, dtype_backend="numpy_nullable") if path.exists() else None
 
     @property
     def packets(self) -> pd.DataFrame | None:
@@ -147,6 +149,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     stats = _Stats()
     error: CaptureError | None = None
     audits = FilterAudits(filters, enabled=audit)
+    tally = D.SuperPacketTally(cfg)
+    whatif = D.WhatIfInput()
 
     pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
     pending_rows = 0
@@ -160,8 +164,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
             pending_sp.clear()
             pending_rows = 0
+            D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
             flows.add_superpackets(rows.flow_id, rows.payload_len)
             stats.add_superpackets(rows)
+            tally.add(rows)
             sink_sp.write_columns(superpackets_columns(rows, flows))
 
     try:
@@ -175,6 +181,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             if sink_packets is not None:
                 sink_packets.write(P.packets_table(pb, fid))
             emit_superpackets(engine.feed(pb, fid))
+            whatif.add(pb, fid)
             audits.feed(rb, pb, fid)
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)
@@ -199,17 +206,19 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     }
     sink_flows = P.TableSink(out / "flows.parquet", P.FLOWS_SCHEMA)
     sink_flows.write_columns(flow_cols)
-    sink_audit = None
-    if audit_results:
-        sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)
-        for r in audit_results:
-            sink_audit.write(audit_rows(r))
+    sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)  # always written, empty when clean
+    for r in audit_results:
+        sink_audit.write(audit_rows(r))
     for s in (sink_packets, sink_findings, sink_sp, sink_flows, sink_audit):
         if s is not None:
             s.close(meta)
     summary = stats.summary(info, flow_cols, error, cfg)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
+    summary["capture_kind"] = D.infer_capture(tally, cfg, stats.payload_packets)
+    summary["diagnosis"] = D.diagnose(tally, flow_cols, cfg, whatif, gro_engine)
+    whatif.batches.clear()
+    D.write_summary(out / "summary.json", summary)
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
     if tmp is not None:
         result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)
@@ -244,6 +253,7 @@ class _Stats:
 
     def __init__(self) -> None:
         self.packets = 0
+        self.payload_packets = 0  # TCP packets with payload
         self.bytes = 0
         self.bigtcp = np.zeros(len(BIGTCP_NAMES), np.int64)
         self.max_bigtcp_len = 0
@@ -257,6 +267,7 @@ class _Stats:
 
     def add(self, pb: PacketBatch, fr: FindingRows) -> None:
         self.packets += len(pb)
+        self.payload_packets += int(np.count_nonzero((pb.l4_proto == 6) & (pb.tcp_payload_len > 0)))
         self.bytes += int(pb.wirelen.sum(dtype=np.int64))
         self.bigtcp += np.bincount(pb.bigtcp, minlength=len(BIGTCP_NAMES))[:len(BIGTCP_NAMES)]
         big = pb.bigtcp != 0
@@ -278,7 +289,7 @@ class _Stats:
         top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
         keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
                 "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
-                "max_superpacket_len", "retransmissions", "capture_gap_bytes")
+                "max_superpacket_len", "retransmissions", "out_of_order", "capture_gap_bytes")
         dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
