@@ -31,6 +31,7 @@ from .gro import make_engine
 from .gro.config import GroConfig
 from .output import parquet as P
 from .output.audit import AUDIT_SCHEMA, FilterAudits, audit_rows
+from .output.report import write_summary
 from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 SAMPLE_NAME = "sample-bigtcp.pcap"
 TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+OUTPUT_FILES = ("summary.json", "report.html")  # also removed at the start of a run into an existing OUTDIR
 
 
 def sample_capture() -> Path:
@@ -139,6 +141,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         out.mkdir(parents=True, exist_ok=True)
         for table in TABLES:  # a table this run does not write must not survive from an earlier run
             (out / f"{table}.parquet").unlink(missing_ok=True)
+        for fname in OUTPUT_FILES:
+            (out / fname).unlink(missing_ok=True)
     reader = CaptureReader(source, name=name, sha256=sha256)
     info = reader.info
     flows = FlowTable()
@@ -218,7 +222,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     summary["capture_kind"] = D.infer_capture(tally, cfg, stats.payload_packets)
     summary["diagnosis"] = D.diagnose(tally, flow_cols, cfg, whatif, gro_engine)
     whatif.batches.clear()
-    D.write_summary(out / "summary.json", summary)
+    write_summary(out / "summary.json", summary)
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
     if tmp is not None:
         result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)

@@ -62,6 +62,7 @@ def analyze(
         "--filter", help="pcap filter to audit (repeatable); default: tcp, ip6 and tcp, tcp port <busiest>")] = None,
     no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the filter audit")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="also write PNG plots to OUTDIR/plots")] = False,
+    report: Annotated[bool, typer.Option("--report", help="also write OUTDIR/report.html (self-contained)")] = False,
     wireshark_sidecar: Annotated[bool, typer.Option(
         "--wireshark-sidecar", help="also write OUTDIR/<capture>.bigtcp.tsv for the Wireshark plugin")] = False,
     sha256: Annotated[bool, typer.Option(
@@ -101,13 +102,18 @@ def analyze(
         from .output.plots import plot_dir
 
         result.summary["plots"] = [str(p) for p in plot_dir(outdir)]
+    if report:
+        from .output.report import write_report
+
+        result.summary["report"] = str(write_report(outdir))
     if as_json:
         typer.echo(json.dumps(result.summary, default=str))
     else:
         out = Console()
         render(result.summary, out if out.is_terminal else Console(width=160))
         err.print(f"tables written to {outdir}/", highlight=False)
-        for extra in result.summary.get("plots", []) + ([str(result.sidecar)] if result.sidecar else []):
+        extras = result.summary.get("plots", []) + ([result.summary["report"]] if report else [])
+        for extra in extras + ([str(result.sidecar)] if result.sidecar else []):
             err.print(f"wrote {extra}", highlight=False)
     if result.error is not None:
         raise _fail(result.error.one_line() + " (tables written, marked partial)", EXIT_CAPTURE)
@@ -154,6 +160,24 @@ def plot(
                     EXIT_USAGE)
     for p in plot_dir(outdir, dest):
         typer.echo(str(p))
+
+
+@app.command("report")
+def report_cmd(
+    outdir: Annotated[Path, typer.Argument(help="an analyze output directory")],
+    dest: Annotated[Path | None, typer.Option("--dest", help="the HTML file to write (default OUTDIR/report.html)")]
+    = None,
+) -> None:
+    """One self-contained HTML report (summary, diagnosis, filter audit, flows, plots) of an analysis.
+
+    Example: bigtcp-pcap report out/
+    """
+    from .output.report import write_report
+
+    try:
+        typer.echo(str(write_report(outdir, dest)))
+    except FileNotFoundError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
 
 
 def _register_subcommands() -> None:

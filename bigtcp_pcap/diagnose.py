@@ -407,14 +407,3 @@ def _flow_text(f: dict) -> str:
         s += f" (what changes it: {top['knob']})"
     return s
 
-
-def write_summary(path, summary: dict[str, Any]) -> None:
-    """The run's summary (with the diagnosis) as ``summary.json`` beside the tables, for ``report OUTDIR``."""
-    import json
-    import os
-    from pathlib import Path
-
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, default=str, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
