@@ -375,7 +375,7 @@ def _observed_ends(obs: dict[str, np.ndarray], fid: int, weight: int) -> dict[st
     ends = {"napi_budget": int(budget.sum()), "below_64k": int(near64.sum()), "psh": int(psh.sum()),
             "other": int(other.sum())}
     words = {"napi_budget": f"{weight} segments (NAPI budget)", "below_64k": "within one segment of 64 KiB",
-             "psh": "PSH (end of a write)", "other": "shorter (poll end or a size limit above 64 KiB)"}
+             "psh": "PSH (end of a write)", "other": "shorter, no PSH (a poll end or the host's size limit)"}
     parts = [f"{v:,} at {words[k]}" if k in ("napi_budget",) else f"{v:,} {words[k]}"
              for k, v in sorted(ends.items(), key=lambda t: -t[1]) if v]
     return {"ends": ends, "ends_text": ", ".join(parts), "max_segments": int(nseg.max())}
