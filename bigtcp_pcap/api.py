@@ -99,11 +99,19 @@ class Analysis:
     def filter_audit(self) -> pd.DataFrame | None:
         return self._table("filter_audit")
 
+    def report(self, dest: str | os.PathLike | None = None) -> Path:
+        """Write the self-contained HTML report (default ``OUTDIR/report.html``) and return its path."""
+        from .output.report import write_report
+
+        return write_report(self.outdir, dest)
+
     def write(self, outdir: str | os.PathLike) -> Path:
-        """Copy the tables to ``outdir`` (created if needed)."""
+        """Copy the tables and ``summary.json`` to ``outdir`` (created if needed)."""
         out = Path(outdir)
         out.mkdir(parents=True, exist_ok=True)
-        for p in self.outdir.glob("*.parquet"):
+        for p in [*self.outdir.glob("*.parquet"), *(self.outdir / n for n in OUTPUT_FILES)]:
+            if not p.exists():
+                continue
             if out.resolve() != self.outdir.resolve():
                 shutil.copy2(p, out / p.name)
         return out
