@@ -99,11 +99,16 @@ def _options(pb: PacketBatch, idx: np.ndarray) -> list[str]:
 def _clock(ts_ns: np.ndarray) -> list[str]:
     """HH:MM:SS.nnnnnnnnn (UTC) of each timestamp."""
     ts = ts_ns.astype(np.int64)
-    sec = ts // 1_000_000_000
-    ns = (ts % 1_000_000_000).tolist()
-    day = (sec % 86400)
-    h, m, s = (day // 3600).tolist(), (day // 60 % 60).tolist(), (day % 60).tolist()
-    return [f"{a:02d}:{b:02d}:{c:02d}.{d:09d}" for a, b, c, d in zip(h, m, s, ns)]
+    day = (ts // 1_000_000_000) % 86400
+    ns = (ts % 1_000_000_000 + 1_000_000_000).astype("U10")  # "1nnnnnnnnn": zero-padded by the C cast
+    secs, inv = np.unique(day, return_inverse=True)  # a batch spans few seconds: format each once
+    hms = np.array([f"{d // 3600:02d}:{d // 60 % 60:02d}:{d % 60:02d}." for d in secs.tolist()])
+    return np.char.add(hms[inv.ravel()], _tail9(ns)).tolist()
+
+
+def _tail9(a: np.ndarray) -> np.ndarray:
+    """The last 9 characters of each 10-character string."""
+    return a.view("U1").reshape(len(a), 10)[:, 1:].copy().view("U9").ravel()
 
 
 def format_lines(rb, pb: PacketBatch, idx: np.ndarray, notes: dict[int, list[str]]) -> list[str]:
