@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from . import __version__, _native
+from . import diagnose as D
 from . import findings as F
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
@@ -31,6 +32,7 @@ from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
 from .output import parquet as P
 from .output.audit import AUDIT_SCHEMA, FilterAudits, audit_rows
+from .output.report import write_summary
 from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
 
 if TYPE_CHECKING:
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 SAMPLE_NAME = "sample-bigtcp.pcap"
 TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+OUTPUT_FILES = ("summary.json", "report.html")  # also removed at the start of a run into an existing OUTDIR
 
 
 def sample_capture() -> Path:
@@ -74,7 +77,8 @@ class Analysis:
         import pandas as pd
 
         path = self.outdir / f"{name}.parquet"
-        return pd.read_parquet(path) if path.exists() else None
+        # nullable integer columns stay integers (pd.Int64Dtype, <NA>) instead of float64 with NaN
+        return pd.read_parquet(path, dtype_backend="numpy_nullable") if path.exists() else None
 
     @property
     def packets(self) -> pd.DataFrame | None:
@@ -96,11 +100,19 @@ class Analysis:
     def filter_audit(self) -> pd.DataFrame | None:
         return self._table("filter_audit")
 
+    def report(self, dest: str | os.PathLike | None = None) -> Path:
+        """Write the self-contained HTML report (default ``OUTDIR/report.html``) and return its path."""
+        from .output.report import write_report
+
+        return write_report(self.outdir, dest)
+
     def write(self, outdir: str | os.PathLike) -> Path:
-        """Copy the tables to ``outdir`` (created if needed)."""
+        """Copy the tables and ``summary.json`` to ``outdir`` (created if needed)."""
         out = Path(outdir)
         out.mkdir(parents=True, exist_ok=True)
-        for p in self.outdir.glob("*.parquet"):
+        for p in [*self.outdir.glob("*.parquet"), *(self.outdir / n for n in OUTPUT_FILES)]:
+            if not p.exists():
+                continue
             if out.resolve() != self.outdir.resolve():
                 shutil.copy2(p, out / p.name)
         return out
@@ -141,6 +153,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         out.mkdir(parents=True, exist_ok=True)
         for table in TABLES:  # a table this run does not write must not survive from an earlier run
             (out / f"{table}.parquet").unlink(missing_ok=True)
+        for fname in OUTPUT_FILES:
+            (out / fname).unlink(missing_ok=True)
     reader = CaptureReader(source, name=name, sha256=sha256)
     info = reader.info
     flows = FlowTable()
@@ -151,6 +165,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     stats = _Stats()
     error: CaptureError | None = None
     audits = FilterAudits(filters, enabled=audit)
+    tally = D.SuperPacketTally(cfg)
+    whatif = D.WhatIfInput()
 
     pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
     pending_rows = 0
@@ -164,8 +180,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
             pending_sp.clear()
             pending_rows = 0
+            D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
             flows.add_superpackets(rows.flow_id, rows.payload_len)
             stats.add_superpackets(rows)
+            tally.add(rows)
             sink_sp.write_columns(superpackets_columns(rows, flows, gro_stage.labels))
 
     try:
@@ -179,6 +197,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             if sink_packets is not None:
                 sink_packets.write(P.packets_table(pb, fid))
             emit_superpackets(gro_stage.feed(rb, pb, fid))
+            whatif.add(pb, fid, gro_stage.last_receivers)
             audits.feed(rb, pb, fid)
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)
@@ -203,17 +222,19 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     }
     sink_flows = P.TableSink(out / "flows.parquet", P.FLOWS_SCHEMA)
     sink_flows.write_columns(flow_cols)
-    sink_audit = None
-    if audit_results:
-        sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)
-        for r in audit_results:
-            sink_audit.write(audit_rows(r))
+    sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)  # always written, empty when clean
+    for r in audit_results:
+        sink_audit.write(audit_rows(r))
     for s in (sink_packets, sink_findings, sink_sp, sink_flows, sink_audit):
         if s is not None:
             s.close(meta)
     summary = stats.summary(info, flow_cols, error, cfg, gro_stage.labels)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
+    summary["capture_kind"] = D.infer_capture(tally, cfg, stats.payload_packets)
+    summary["diagnosis"] = D.diagnose(tally, flow_cols, cfg, whatif, gro_engine)
+    whatif.batches.clear()
+    write_summary(out / "summary.json", summary)
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
     if tmp is not None:
         result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)
@@ -248,6 +269,7 @@ class _Stats:
 
     def __init__(self) -> None:
         self.packets = 0
+        self.payload_packets = 0  # TCP packets with payload
         self.bytes = 0
         self.bigtcp = np.zeros(len(BIGTCP_NAMES), np.int64)
         self.max_bigtcp_len = 0
@@ -263,6 +285,7 @@ class _Stats:
 
     def add(self, pb: PacketBatch, fr: FindingRows) -> None:
         self.packets += len(pb)
+        self.payload_packets += int(np.count_nonzero((pb.l4_proto == 6) & (pb.tcp_payload_len > 0)))
         self.bytes += int(pb.wirelen.sum(dtype=np.int64))
         self.bigtcp += np.bincount(pb.bigtcp, minlength=len(BIGTCP_NAMES))[:len(BIGTCP_NAMES)]
         big = pb.bigtcp != 0
@@ -288,7 +311,7 @@ class _Stats:
         top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
         keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
                 "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
-                "max_superpacket_len", "retransmissions", "capture_gap_bytes")
+                "max_superpacket_len", "retransmissions", "out_of_order", "capture_gap_bytes")
         dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,

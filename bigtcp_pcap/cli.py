@@ -25,7 +25,8 @@ from rich.console import Console
 
 from .errors import CaptureError, UsageError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters.")
 err = Console(stderr=True)
 
@@ -35,6 +36,22 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_CAPTURE = 0, 1, 2, 3
 def _fail(msg: str, code: int) -> typer.Exit:
     err.print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"bigtcp-pcap {__version__}")
+        raise typer.Exit(EXIT_CLEAN)
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", "-V", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters."""
 
 
 @app.command()
@@ -60,6 +77,7 @@ def analyze(
         "--filter", help="pcap filter to audit (repeatable); default: tcp, ip6 and tcp, tcp port <busiest>")] = None,
     no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the filter audit")] = False,
     plots: Annotated[bool, typer.Option("--plots", help="also write PNG plots to OUTDIR/plots")] = False,
+    report: Annotated[bool, typer.Option("--report", help="also write OUTDIR/report.html (self-contained)")] = False,
     wireshark_sidecar: Annotated[bool, typer.Option(
         "--wireshark-sidecar", help="also write OUTDIR/<capture>.bigtcp.tsv for the Wireshark plugin")] = False,
     sha256: Annotated[bool, typer.Option(
@@ -96,13 +114,18 @@ def analyze(
         from .output.plots import plot_dir
 
         result.summary["plots"] = [str(p) for p in plot_dir(outdir)]
+    if report:
+        from .output.report import write_report
+
+        result.summary["report"] = str(write_report(outdir))
     if as_json:
         typer.echo(json.dumps(result.summary, default=str))
     else:
         out = Console()
         render(result.summary, out if out.is_terminal else Console(width=160))
         err.print(f"tables written to {outdir}/", highlight=False)
-        for extra in result.summary.get("plots", []) + ([str(result.sidecar)] if result.sidecar else []):
+        extras = result.summary.get("plots", []) + ([result.summary["report"]] if report else [])
+        for extra in extras + ([str(result.sidecar)] if result.sidecar else []):
             err.print(f"wrote {extra}", highlight=False)
     if result.error is not None:
         raise _fail(result.error.one_line() + " (tables written, marked partial)", EXIT_CAPTURE)
@@ -117,18 +140,28 @@ def dissect(
     capture: Annotated[str, typer.Argument(help="pcap/pcapng file, '-' for stdin")],
     count: Annotated[int | None, typer.Option("-c", "--count", help="stop after N packets")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per packet")] = False,
+    expr: Annotated[str | None, typer.Option("-f", "--filter", help="pcap filter expression, judged on the true "
+                                             "lengths (BIG TCP frames included)")] = None,
+    bigtcp_only: Annotated[bool, typer.Option("--bigtcp-only", help="only frames with a BIG TCP encoding")] = False,
 ) -> None:
     """One line per packet, like tcpdump -v, with the true lengths and the BIG TCP encoding.
 
-    Example: bigtcp-pcap dissect trace.pcap -c 10
+    Example: bigtcp-pcap dissect trace.pcap -c 10 -f 'tcp port 5201' --bigtcp-only
     """
-    from .dissect import iter_lines
+    from .audit import FilterError, LibpcapMissing
+    from .dissect import iter_blocks
 
+    out = sys.stdout
     try:
-        for line in iter_lines(capture, count=count, as_json=as_json):
-            typer.echo(line)
+        for block in iter_blocks(capture, count=count, as_json=as_json, expr=expr, bigtcp_only=bigtcp_only):
+            out.write("\n".join(block))
+            out.write("\n")
     except CaptureError as e:
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    except FilterError as e:
+        raise _fail(f"bad filter expression {expr!r}: {e.message}", EXIT_USAGE) from None
+    except LibpcapMissing as e:
+        raise _fail(str(e), EXIT_USAGE) from None
     except BrokenPipeError:  # `dissect ... | head`: stop quietly, do not flush into the closed pipe again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
@@ -149,6 +182,24 @@ def plot(
                     EXIT_USAGE)
     for p in plot_dir(outdir, dest):
         typer.echo(str(p))
+
+
+@app.command("report")
+def report_cmd(
+    outdir: Annotated[Path, typer.Argument(help="an analyze output directory")],
+    dest: Annotated[Path | None, typer.Option("--dest", help="the HTML file to write (default OUTDIR/report.html)")]
+    = None,
+) -> None:
+    """One self-contained HTML report (summary, diagnosis, filter audit, flows, plots) of an analysis.
+
+    Example: bigtcp-pcap report out/
+    """
+    from .output.report import write_report
+
+    try:
+        typer.echo(str(write_report(outdir, dest)))
+    except FileNotFoundError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
 
 
 def _register_subcommands() -> None:

@@ -25,7 +25,7 @@ def test_api_and_cli_give_identical_tables(tmp_path):
     assert res.exit_code == 0, res.output
     a = analyze(cap, packets=True, gro_max_size=80000, filters=["tcp port 5201", "tcp"])
     for name in TABLES:
-        cli_df = pd.read_parquet(tmp_path / "cli" / f"{name}.parquet")
+        cli_df = pd.read_parquet(tmp_path / "cli" / f"{name}.parquet", dtype_backend="numpy_nullable")
         api_df = getattr(a, name)
         pd.testing.assert_frame_equal(cli_df, api_df)
     assert len(a.superpackets) > 0 and len(a.packets) == a.info.packets
@@ -109,7 +109,7 @@ def test_plots_are_written(tmp_path):
     res = CliRunner().invoke(app, ["plot", str(tmp_path)])
     assert res.exit_code == 0, res.output
     paths = res.output.split()
-    assert len(paths) == 3
+    assert len(paths) == 4  # sizes, segments, size over time, flush reasons over time
     for p in paths:
         with open(p, "rb") as f:
             head = f.read(8)
@@ -152,8 +152,48 @@ def test_tables_of_an_earlier_run_do_not_survive(tmp_path):
     analyze(KERNEL / "v6_185000.rcv.pcap", outdir=tmp_path, packets=True, filters=["tcp"])
     assert (tmp_path / "packets.parquet").exists() and (tmp_path / "filter_audit.parquet").exists()
     a = analyze(KERNEL / "v6_65536.rcv.pcap", outdir=tmp_path, audit=False)
-    assert not (tmp_path / "packets.parquet").exists() and not (tmp_path / "filter_audit.parquet").exists()
-    assert a.packets is None and a.filter_audit is None
+    assert not (tmp_path / "packets.parquet").exists()
+    assert a.packets is None
+    # filter_audit.parquet is always written: here empty, with its schema (the earlier run's rows are gone)
+    assert a.filter_audit is not None and len(a.filter_audit) == 0
+    assert list(a.filter_audit.columns) == ["frame", "filter", "verdict", "reason"]
+
+
+def test_every_table_is_written_with_its_schema_when_empty(tmp_path):
+    import pyarrow.parquet as pq
+
+    from bigtcp_pcap.output.audit import AUDIT_SCHEMA
+
+    a = analyze(KERNEL / "v6_65536.snd.pcap", outdir=tmp_path, filters=["ip6"])  # a filter that never mis-parses
+    (r,) = a.summary["filter_audit"]["results"]
+    assert r["missed"] == r["false_matches"] == 0
+    t = pq.read_table(tmp_path / "filter_audit.parquet")
+    assert t.num_rows == 0 and t.schema.remove_metadata() == AUDIT_SCHEMA.remove_metadata()
+    assert t.schema.metadata[b"bigtcp_pcap.source_name"] == b"v6_65536.snd.pcap"
+
+
+def test_nullable_columns_read_as_nullable_integers_and_provenance_in_the_arrow_schema(tmp_path):
+    import json
+
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    cap = KERNEL / "v6_185000.rcv.pcap"
+    a = analyze(cap, outdir=tmp_path, packets=True)
+    p = a.packets
+    # jumbo_len is null on ordinary packets: tshark's ipv6.jumbo field is the oracle for where it is present
+    jumbo = [r.get("ipv6.opt.jumbo", "") for r in tshark_fields(cap, ["ipv6.opt.jumbo"])]
+    assert str(p.jumbo_len.dtype) == "UInt32"
+    assert p.jumbo_len.isna().tolist() == [v == "" for v in jumbo]
+    assert [int(v) for v in jumbo if v] == p.jumbo_len.dropna().astype(int).tolist()
+    assert str(a.flows.mss.dtype).startswith(("UInt", "Int"))
+    for path in (tmp_path / "packets.parquet", tmp_path / "superpackets.parquet"):
+        for md in (pq.read_table(path).schema.metadata, pq.read_schema(path).metadata,
+                   ds.dataset(path).schema.metadata):
+            assert md[b"bigtcp_pcap.source_name"] == cap.name.encode()  # plain text, no JSON quotes
+            assert json.loads(md[b"bigtcp_pcap.source_size"]) == cap.stat().st_size
+        assert pd.read_parquet(path).attrs["bigtcp_pcap"]["source_name"] == cap.name
+        assert read_metadata(path)["source_name"] == cap.name
 
 
 def test_take_strings_equals_arrow_take():

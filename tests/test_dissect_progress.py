@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 
+import pandas as pd
 from oracle import KERNEL, tshark_fields
 from rich.console import Console
 from typer.testing import CliRunner
@@ -24,7 +25,7 @@ def test_dissect_json_equals_packets_table():
     assert len(rows) == len(pk)
     for r, p in zip(rows, pk.itertuples()):
         assert r["frame"] == p.frame and r["wirelen"] == p.wirelen and r["bigtcp"] == p.bigtcp
-        assert r["ip_len"] == (None if p.ip_version != p.ip_version else int(p.ip_len))
+        assert r["ip_len"] == (None if pd.isna(p.ip_version) else int(p.ip_len))  # nullable dtypes: <NA>
         if r["tcp_payload_len"] is not None:
             assert r["tcp_payload_len"] == p.tcp_payload_len and r["tcp_seq"] == p.tcp_seq
 
@@ -52,3 +53,56 @@ def test_progress_bar_draws_on_a_terminal_only(tmp_path):
     # through the CLI (not a TTY here): nothing but the final line on stderr
     res = CliRunner().invoke(app, ["analyze", str(CAP), "-o", str(tmp_path), "--json"])
     assert "reading" not in res.stderr
+
+
+def _frames(lines: list[str]) -> list[int]:
+    return [int(x.split()[0]) for x in lines]
+
+
+def test_dissect_filter_is_judged_on_true_lengths_like_tshark():
+    # tshark (TSO prefs on) parses TCP behind the HBH jumbo header, so its tcp.port selection is the truth that
+    # tcpdump's own 'tcp port 5201' misses on the BIG TCP frames
+    res = CliRunner().invoke(app, ["dissect", str(CAP), "-f", "tcp port 5201"])
+    assert res.exit_code == 0, res.output
+    want = [int(r["frame.number"]) for r in tshark_fields(CAP, ["frame.number"], "tcp.port == 5201")]
+    assert _frames(res.stdout.splitlines()) == want
+    jumbo = [int(r["frame.number"]) for r in tshark_fields(CAP, ["frame.number"], "ipv6.opt.jumbo")]
+    assert set(jumbo) <= set(want) and jumbo
+    res = CliRunner().invoke(app, ["dissect", str(CAP), "--bigtcp-only"])
+    want_big = [int(r["frame.number"]) for r in tshark_fields(
+        CAP, ["frame.number"], "ipv6.opt.jumbo or ip.len > 65535 or (ipv6 and ipv6.plen == 0 and not ipv6.hopopts)")]
+    assert _frames(res.stdout.splitlines()) == want_big
+    res = CliRunner().invoke(app, ["dissect", str(CAP), "-f", "tcp port 5201", "--bigtcp-only", "-c", "3"])
+    assert _frames(res.stdout.splitlines()) == want_big[:3]
+
+
+def test_dissect_bad_filter_is_a_usage_error():
+    res = CliRunner().invoke(app, ["dissect", str(CAP), "-f", "tcp port"])
+    assert res.exit_code == 2
+    assert "bad filter expression 'tcp port'" in res.stderr and "Traceback" not in res.output
+
+
+def test_dissect_shows_the_tcpdump_v_fields_as_tshark_reads_them():
+    import re
+
+    res = CliRunner().invoke(app, ["dissect", str(CAP)])
+    lines = {int(x.split()[0]): x for x in res.stdout.splitlines()}
+    rows = tshark_fields(CAP, ["frame.number", "ipv6.hlim", "ip.ttl", "ipv6.flow", "ip.id", "tcp.checksum",
+                               "tcp.options.timestamp.tsval", "tcp.options.mss_val", "tcp.options.wscale.shift"],
+                         "tcp")
+    assert len(rows) > 100
+    for r in rows:
+        line = lines[int(r["frame.number"])]
+        if r.get("ipv6.hlim"):
+            assert f"hlim {r['ipv6.hlim']}," in line
+            flow = int(r["ipv6.flow"], 16)
+            assert (f"flowlabel 0x{flow:05x}," in line) == (flow != 0)
+        else:
+            assert f"ttl {r['ip.ttl']}, id {int(r['ip.id'], 16)}," in line
+        assert f"cksum 0x{int(r['tcp.checksum'], 16):04x}," in line
+        if r.get("tcp.options.timestamp.tsval"):
+            assert f"TS val {r['tcp.options.timestamp.tsval']} ecr" in line
+        if r.get("tcp.options.mss_val"):
+            assert re.search(rf"options \[mss {r['tcp.options.mss_val']}\b", line)
+        if r.get("tcp.options.wscale.shift"):
+            assert f"wscale {r['tcp.options.wscale.shift']}" in line

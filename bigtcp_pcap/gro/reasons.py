@@ -43,6 +43,8 @@ NAPI_POLL = 20  # R21.2-R21.5: end of a NAPI poll (short poll, full budget at HZ
 BUCKET_EVICT = 21  # R18: its bucket was full (8 held) and a new flow needed the slot; oldest goes
 END_OF_CAPTURE = 22  # section 3 step 7: GroEngine.flush() at end of input
 NOT_MERGEABLE_ALONE = 23  # R5/R9/R12 (and R19 tunnels): GRO gave up, packet delivered alone, held p untouched
+# --- not a flush at all ------------------------------------------------------------------------------------
+OBSERVED = 24  # R2: the capture already shows an aggregate (post-GRO or TSO-side); n_segments = its gso_segs
 
 REASON_NAMES: tuple[str, ...] = (
     "none",
@@ -69,6 +71,7 @@ REASON_NAMES: tuple[str, ...] = (
     "bucket_evict",
     "end_of_capture",
     "not_mergeable_alone",
+    "observed",
 )
 """Name of each code, indexed by the code (``REASON_NAMES[SIZE_LIMIT] == "size_limit"``)."""
 

@@ -35,6 +35,7 @@ class GroStage:
         self.engine = make_engine(engine, config)
         self.receivers = Receivers()
         self._evidence = AckEvidence() if config.ack_evidence else None
+        self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
 
     @property
     def labels(self) -> list[str]:
@@ -43,6 +44,7 @@ class GroStage:
 
     def feed(self, rb: RecordBatch, pb: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
         rx = self.receivers.assign(rb, pb) if self.config.split_receivers else None
+        self.last_receivers = rx
         if self._evidence is None:
             return self.engine.feed(pb, flow_id, receiver=rx)
         ready = self._evidence.push(pb, (flow_id, rx))

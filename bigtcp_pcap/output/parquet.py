@@ -7,6 +7,7 @@ is it known whether the run was partial.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -149,9 +150,27 @@ class TableSink:
     def close(self, metadata: dict) -> None:
         self._flush()
         self._drain()
-        self._writer.add_key_value_metadata({f"bigtcp_pcap.{k}": json.dumps(v, default=str)
-                                             for k, v in metadata.items()})
+        self._writer.add_key_value_metadata(provenance_metadata(self.schema, metadata))
         self._writer.close()
+
+
+STRING_KEYS = frozenset({"tool_version", "source_name", "source_sha256", "format", "compression", "error"})
+"""Provenance keys whose values are plain text (no JSON quoting); every other value is JSON."""
+
+
+def _encode_value(k: str, v) -> str:
+    return v if k in STRING_KEYS and isinstance(v, str) else json.dumps(v, default=str)
+
+
+def provenance_metadata(schema: pa.Schema, metadata: dict) -> dict[str, str]:
+    """File key-value metadata for ``metadata``: ``bigtcp_pcap.KEY`` entries (plain strings stay plain text),
+    the same entries in the stored Arrow schema (``ARROW:schema``, so ``pq.read_table(p).schema.metadata``,
+    ``pq.read_schema`` and ``pyarrow.dataset`` show them), and ``PANDAS_ATTRS`` (pandas >= 2.1 puts the
+    provenance in ``DataFrame.attrs``)."""
+    kv = {f"bigtcp_pcap.{k}": _encode_value(k, v) for k, v in metadata.items()}
+    kv["PANDAS_ATTRS"] = json.dumps({"bigtcp_pcap": metadata}, default=str)
+    arrow_schema = base64.b64encode(schema.with_metadata(kv).serialize().to_pybytes()).decode("ascii")
+    return kv | {"ARROW:schema": arrow_schema}
 
 
 def read_metadata(path: str | Path) -> dict:
@@ -161,5 +180,10 @@ def read_metadata(path: str | Path) -> dict:
     for k, v in md.items():
         k = k.decode()
         if k.startswith("bigtcp_pcap."):
-            out[k[len("bigtcp_pcap."):]] = json.loads(v)
+            key = k[len("bigtcp_pcap."):]
+            text = v.decode()
+            if key in STRING_KEYS and not text.startswith('"') and text != "null":
+                out[key] = text  # plain text (files of earlier versions JSON-quoted it)
+            else:
+                out[key] = json.loads(text)
     return out

@@ -1,4 +1,5 @@
-"""PNG plots from an analysis directory: super-packet sizes, segments per super-packet, size and throughput over time.
+"""PNG plots from an analysis directory: super-packet sizes, segments per super-packet, size and throughput over time,
+flush reasons over time.
 
 Reads only the Parquet tables (``superpackets``, ``flows``) and their metadata, so it works on any output
 directory, including one written by an earlier run.
@@ -123,6 +124,27 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
     ax.legend(fontsize=8, loc="lower right", markerscale=3)
     fig.tight_layout()
     written.append(_save(fig, dest / "superpackets_over_time.png", plt))
+
+    # 4. flush reasons over time: super-packets per time bin, stacked by reason (all flows)
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    if not sp.empty:
+        t = (sp.ts_last_ns - t0).dt.total_seconds().to_numpy() * 1000
+        reasons = sp.flush_reason.astype(str).to_numpy()
+        names = [r for r in pd.Series(reasons).value_counts().index]
+        bins = np.linspace(t.min(), t.max() + 1e-9, int(min(100, max(10, len(t) // 20))) + 1)
+        bottom = np.zeros(bins.size - 1)
+        for k, name in enumerate(names):
+            h, _ = np.histogram(t[reasons == name], bins=bins)
+            ax.bar(bins[:-1], h, width=np.diff(bins), bottom=bottom, align="edge", label=name,
+                   color=colors[k % len(colors)])
+            bottom += h
+        ax.legend(fontsize=8, ncol=4)
+    ax.set_xlabel("time since first super-packet (ms)")
+    ax.set_ylabel("super-packets per bin")
+    ax.set_title(f"{title_src}: flush reasons over time")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    written.append(_save(fig, dest / "flush_reasons_over_time.png", plt))
     return written
 
 

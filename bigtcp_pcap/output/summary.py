@@ -25,8 +25,13 @@ def render(summary: dict, console: Console) -> None:
                  (f" (largest IP length {_n(summary['max_bigtcp_ip_len'])})" if any(big.values()) else ""))
     sp = summary["superpackets"]
     g = summary["gro"]
+    ck = summary.get("capture_kind") or {}
+    if ck.get("kind"):
+        head.add_row("capture kind", f"this capture is {ck['kind']}" if ck.get("post_gro") else ck["kind"])
     head.add_row("GRO model", f"gro_max_size {g.get('gro_max_size')}, gro_ipv4_max_size "
-                 f"{g.get('effective_gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, kernel {g.get('kernel')}")
+                 f"{g.get('effective_gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, hz {g.get('hz')}, "
+                 f"kernel {g.get('kernel')} (assumed, not read from the capture"
+                 + ("; rebuilds only the segments the capture shows" if ck.get("post_gro") else "") + ")")
     head.add_row("super-packets", f"{_n(sp['count'])}; flush reasons: " +
                  ", ".join(f"{k} {_n(v)}" for k, v in sp["flush_reasons"].items()))
     pe = sp.get("poll_ends") or {}
@@ -42,18 +47,21 @@ def render(summary: dict, console: Console) -> None:
         head.add_row("receivers", "one GRO/NAPI model each: " + ", ".join(f"{k} ({_n(v)} rows)"
                                                                            for k, v in list(rx.items())[:6]))
     console.print(head)
+    render_capture_kind(ck, console)
 
     if summary["top_flows"]:
         t = Table(title=f"Top flows by payload bytes ({summary['flows']} flows)", title_justify="left")
-        for col in ("flow", "pkts", "payload", "BIG TCP", "MSS", "seen p50/max", "GRO n p50/max", "retx", "gap"):
+        for col in ("flow", "pkts", "payload", "BIG TCP", "MSS", "seen p50/max", "GRO n p50/max", "retx", "ooo",
+                    "gap"):
             t.add_column(col, justify="right" if col != "flow" else "left", no_wrap=True)
         for f in summary["top_flows"]:
             t.add_row(f"{f['flow_id']}: {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}", _n(f["packets"]),
                       _n(f["payload_bytes"]), _n(f["bigtcp_packets"]), _n(f["mss"]),
                       f"{_n(f['p50_payload_len'])} / {_n(f['max_payload_len'])}",
                       f"{_n(f['superpackets'])} / {_n(f['p50_superpacket_len'])} / {_n(f['max_superpacket_len'])}",
-                      _n(f["retransmissions"]), _n(f["capture_gap_bytes"]))
+                      _n(f["retransmissions"]), _n(f.get("out_of_order")), _n(f["capture_gap_bytes"]))
         console.print(t)
+    render_diagnosis(summary.get("diagnosis") or {}, console)
     if summary["findings"]:
         t = Table(title="Findings", title_justify="left")
         t.add_column("code")
@@ -84,6 +92,38 @@ def render(summary: dict, console: Console) -> None:
         console.print(f"[bold yellow]suspect capture:[/] {line}")
     if cap["partial"]:
         console.print(f"[bold red]partial:[/] {cap['error']}")
+
+
+def render_capture_kind(ck: dict, console: Console) -> None:
+    """The post-GRO evidence and what the observed sizes say about the capturing host."""
+    if not ck.get("post_gro"):
+        return
+    for line in ck.get("evidence", []):
+        console.print(f"  evidence: {line}", highlight=False, markup=False)
+    for h in ck.get("host", []):
+        console.print(f"  capturing host: {h['text']}", highlight=False, markup=False)
+    for c in ck.get("contradictions", []):
+        console.print(f"  [bold yellow]model contradicts the capture:[/] {c}", highlight=False)
+
+
+def render_diagnosis(diag: dict, console: Console) -> None:
+    """Per top flow: what ended its super-packets, ranked by bytes, with the knob and the measured what-if."""
+    flows = diag.get("flows") or []
+    if not flows:
+        return
+    console.print("[bold]Diagnosis[/]: what ended the super-packets (share of payload bytes)")
+    for f in flows:
+        console.print(f"  flow {f['flow_id']} {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}:", highlight=False,
+                      markup=False)
+        for r in f["reasons"][:4]:
+            knob = f" [knob: {r['knob']}]" if r.get("knob") else ""
+            console.print(f"    {r['share']:6.1%} {r['reason']} ({_n(r['superpackets'])}): {r['text']}{knob}",
+                          highlight=False, markup=False)
+            for k in r.get("knobs", []):
+                console.print(f"           what-if {k['text']}", highlight=False, markup=False)
+    note = (diag.get("what_if_input") or {}).get("note")
+    if note:
+        console.print(f"  ({note})", highlight=False, markup=False)
 
 
 @contextmanager

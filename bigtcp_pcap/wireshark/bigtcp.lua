@@ -21,8 +21,15 @@
 -- The lengths are read from the frame bytes at the offset where Wireshark dissected the innermost ip/ipv6
 -- layer, plus the frame's original (wire) length, so they do not depend on ipv6.tso_support / ip.tso_support.
 --
--- Sidecar path: preference bigtcp.sidecar (-o bigtcp.sidecar:/path.tsv) or the first script argument
--- (-X lua_script:bigtcp.lua -X lua_script1:/path.tsv, or lua_script1:sidecar=/path.tsv); the preference wins.
+-- The bigtcp tree (and so the display filter "bigtcp") is present only on frames the plugin has something to
+-- say about: a BIG TCP encoding, a packet of more than one MSS segment (GRO/TSO aggregate), or, with a sidecar,
+-- a frame of a super-packet, a finding or a capture-filter verdict (and frame 1, with the sidecar's status).
+-- "bigtcp.kind" is the filter for BIG TCP encodings only. Those frames also get "[BIG TCP ...]" (or "[GRO n segs]") in the Info column.
+--
+-- Sidecar path: the first script argument (-X lua_script:bigtcp.lua -X lua_script1:sidecar=/path.tsv, or
+-- lua_script1:/path.tsv) or the environment variable BIGTCP_SIDECAR (for an installed plugin, or the GUI:
+-- BIGTCP_SIDECAR=/abs/path.tsv wireshark -r capture); the argument wins. Neither is a preference, so the
+-- path is never saved into the user's Wireshark profile and never applied to another capture.
 
 local PLUGIN_VERSION = "1.0.0"
 local script_args = { ... }
@@ -118,7 +125,9 @@ local finding_template = {}
 local experts = {}
 for _, e in pairs(ef) do experts[#experts + 1] = e end
 for _, c in ipairs(FINDINGS) do
-    local e = ProtoExpert.new("bigtcp." .. c[1], "[" .. c[1] .. "] " .. c[3], expert.group.PROTOCOL,
+    -- the registered name is the template with N for the value (each message fills in the real value)
+    local name = c[3]:gsub("{value}", "N")
+    local e = ProtoExpert.new("bigtcp." .. c[1], "[" .. c[1] .. "] " .. name, expert.group.PROTOCOL,
         SEVERITY[c[2]])
     ef_finding[c[1]] = e
     finding_template[c[1]] = c[3]
@@ -129,8 +138,9 @@ bigtcp.experts = experts
 -- ---------------------------------------------------------------------------------------------------------
 -- Preferences
 -- ---------------------------------------------------------------------------------------------------------
-bigtcp.prefs.sidecar = Pref.string("Sidecar file",
-    "", "TSV written by 'bigtcp-pcap analyze --wireshark-sidecar' (empty: first lua_script argument)")
+bigtcp.prefs.sidecar_note = Pref.statictext("Sidecar: give it per capture, never as a saved preference: "
+    .. "-X lua_script1:sidecar=/abs/path.tsv, or the environment variable BIGTCP_SIDECAR=/abs/path.tsv "
+    .. "('bigtcp-pcap wireshark open CAPTURE -o OUTDIR' prints the command)")
 bigtcp.prefs.mss = Pref.uint("Segment size override", 0,
     "TCP payload bytes per segment for bigtcp.gso_segs (0: from the SYN MSS option, else observed)")
 bigtcp.prefs.mtu = Pref.uint("Single-segment IP length limit", 1500,
@@ -208,13 +218,13 @@ end
 local sc = nil -- loaded sidecar: { path, name, size, first_secs, first_nsecs, frames, rows, filters, refused, ... }
 
 local function sidecar_path()
-    local p = bigtcp.prefs.sidecar
-    if p and p ~= "" then return p end
     for _, a in ipairs(script_args) do
         local v = a:match("^sidecar=(.*)$")
         if v then return v end
         if not a:find("=", 1, true) then return a end
     end
+    local env = os.getenv("BIGTCP_SIDECAR")
+    if env and env ~= "" then return env end
     return nil
 end
 
@@ -273,6 +283,7 @@ local function load_sidecar(path)
                         filter_false_match = split(cell("filter_false_match") or "", ","),
                         findings = split(cell("findings") or "", ","),
                         wirelen = tonumber(cell("wirelen") or ""),
+                        sp_segments = tonumber(cell("sp_segments") or ""),
                         ts_ns = cell("ts_ns"),
                     }
                 end
@@ -538,6 +549,25 @@ function bigtcp.dissector(tvb, pinfo, tree)
     local sidecar_problem = sc and (sc.error or sc.refused)
     if not r and not row and not sidecar_problem then return end
 
+    -- what the plugin can say about this frame, decided before any tree item is added
+    local ti, tcp_len, mss, src, segs = nil, nil, nil, nil, nil
+    if r and r.proto == 6 then
+        ti = tcp_info(tvb, r)
+        if ti then
+            tcp_len = r.ip_len - r.hdr_len - ti.doff
+            if tcp_len < 0 then tcp_len = 0 end
+            mss, src = segment_size(pinfo, r, ti, tcp_len)
+            if mss and tcp_len > 0 then segs = math.ceil(tcp_len / mss) end
+        end
+    end
+    local problem_here = sidecar_problem and (pinfo.number == 1 or sc.refused_at == pinfo.number)
+    local row_says = row and (#row.findings > 0 or #row.filter_miss > 0 or #row.filter_false_match > 0
+        or row.superpacket ~= nil)
+    -- an aggregate: more than one MSS segment, or (MSS unknown) more IP bytes than one segment can carry
+    local aggregate = (segs and segs > 1) or (tcp_len and tcp_len > 0 and r.ip_len > bigtcp.prefs.mtu)
+    local says = (r and r.kind) or aggregate or row_says or problem_here or (sc and pinfo.number == 1)
+    if not says then return end
+
     local hdr_range = r and tvb(off, math.min(r.hdr_len or 20, tvb:len() - off)) or tvb(0, 0)
     local t = tree:add(bigtcp, hdr_range)
     local summary = {}
@@ -548,41 +578,41 @@ function bigtcp.dissector(tvb, pinfo, tree)
             summary[#summary + 1] = r.kind
         end
         t:add(pf.ip_len, hdr_range, r.ip_len):set_generated()
-        if r.proto == 6 then
-            local ti = tcp_info(tvb, r)
-            if ti then
-                local tcp_len = r.ip_len - r.hdr_len - ti.doff
-                if tcp_len < 0 then tcp_len = 0 end
-                t:add(pf.tcp_len, hdr_range, tcp_len):set_generated()
-                summary[#summary + 1] = "tcp_len=" .. tcp_len
-                local mss, src = segment_size(pinfo, r, ti, tcp_len)
-                if mss and tcp_len > 0 then
-                    local segs = math.ceil(tcp_len / mss)
-                    t:add(pf.gso_segs, hdr_range, segs):set_generated()
-                    t:add(pf.mss, hdr_range, mss):set_generated()
-                    t:add(pf.mss_source, hdr_range, src):set_generated()
-                    summary[#summary + 1] = "segs=" .. segs
-                end
-                if r.kind then
-                    t:add_proto_expert_info(ef.bigtcp, string.format(
-                        "BIG TCP packet (%s): IP length %d, TCP payload %d", r.kind, r.ip_len, tcp_len))
-                end
-                if r.kind == "v6_plen0" and not f_tcp() then
-                    t:add_proto_expert_info(ef.plen0_no_tso, string.format(
-                        "IPv6 payload length 0 without Hop-by-Hop Jumbo option: presumed BIG TCP (real length %d);"
-                        .. " Wireshark calls it malformed unless ipv6.tso_support is on "
-                        .. "(-o ipv6.tso_support:TRUE)", r.ip_len - 40))
-                end
+        if ti then
+            t:add(pf.tcp_len, hdr_range, tcp_len):set_generated()
+            summary[#summary + 1] = "tcp_len=" .. tcp_len
+            if segs then
+                t:add(pf.gso_segs, hdr_range, segs):set_generated()
+                t:add(pf.mss, hdr_range, mss):set_generated()
+                t:add(pf.mss_source, hdr_range, src):set_generated()
+                summary[#summary + 1] = "segs=" .. segs
+            end
+            if r.kind then
+                t:add_proto_expert_info(ef.bigtcp, string.format(
+                    "BIG TCP packet (%s): IP length %d, TCP payload %d", r.kind, r.ip_len, tcp_len))
+            end
+            if r.kind == "v6_plen0" and not f_tcp() then
+                t:add_proto_expert_info(ef.plen0_no_tso, string.format(
+                    "IPv6 payload length 0 without Hop-by-Hop Jumbo option: presumed BIG TCP (IP length %d, "
+                    .. "payload %d); Wireshark calls it malformed unless ipv6.tso_support is on "
+                    .. "(-o ipv6.tso_support:TRUE)", r.ip_len, r.ip_len - 40))
             end
         elseif r.kind then
             t:add_proto_expert_info(ef.bigtcp, string.format("BIG TCP packet (%s): IP length %d", r.kind, r.ip_len))
+        end
+        if r.kind then
+            pinfo.cols.info:append(string.format(" [BIG TCP %s, IP length %d%s]", r.kind, r.ip_len,
+                segs and (", " .. segs .. " segs") or ""))
+        elseif aggregate then
+            pinfo.cols.info:append(string.format(" [GRO/TSO aggregate%s, IP length %d]",
+                segs and (" of " .. segs .. " segs") or "", r.ip_len))
         end
     end
 
     if sidecar_problem then
         local msg = sc.error or sc.refused
         t:add(pf.sidecar, hdr_range, "refused: " .. msg):set_generated()
-        if pinfo.number == 1 or sc.rows[pinfo.number] or sc.refused_at == pinfo.number then
+        if problem_here then
             t:add_proto_expert_info(sc.error and ef.sidecar_error or ef.sidecar_refused, msg)
         end
     elseif row then
@@ -617,6 +647,7 @@ function bigtcp.dissector(tvb, pinfo, tree)
         end
     end
     if sc and pinfo.number == 1 and not sidecar_problem then
+        if not row then t:add(pf.sidecar, hdr_range, "applied: " .. tostring(sc.name)):set_generated() end
         t:add_proto_expert_info(ef.sidecar_applied, string.format("bigtcp-pcap sidecar %s for capture %s (%s bytes)",
             sc.path, tostring(sc.name), tostring(sc.size)))
     end

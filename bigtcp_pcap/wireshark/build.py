@@ -6,7 +6,8 @@
   belongs to a super-packet when it is in the same flow (``flow_id``), between its ``first_frame`` and
   ``last_frame``, carries TCP payload and its sequence number lies in ``[seq_first, seq_first + payload_len)``
   (mod 2^32). Without the packets table only ``first_frame`` and ``last_frame`` are marked.
-* ``bigtcp.flush_reason`` = that super-packet's ``flush_reason``.
+* ``bigtcp.flush_reason`` = that super-packet's ``flush_reason``; ``observed (N segments)`` for a packet the
+  capture already shows aggregated (N = its segment count). The sidecar's ``sp_segments`` is that count.
 * ``bigtcp.filter_miss`` = the audited filters whose verdict for the frame is ``missed``;
   ``bigtcp.filter_false_match`` = those whose verdict is ``false_match`` (filter_audit.parquet).
 * ``bigtcp.finding`` = the frame's finding codes (findings.parquet rows with frame > 0); the value of the
@@ -107,7 +108,11 @@ def sidecar_rows(packets: Any = None, superpackets: Any = None, findings: Any = 
             r["wirelen"], r["ts_ns"] = int(wl), int(ts)
 
     if superpackets is not None and len(superpackets):
-        reasons = superpackets["flush_reason"].astype(str).to_numpy()
+        reasons = superpackets["flush_reason"].astype(str).to_numpy().astype(object)
+        nseg = superpackets["n_segments"].to_numpy(np.int64) if "n_segments" in superpackets.columns else None
+        if nseg is not None:
+            obs = np.flatnonzero(reasons == "observed")
+            reasons[obs] = [f"observed ({n} segments)" for n in nseg[obs].tolist()]
         first = superpackets["first_frame"].to_numpy(np.int64)
         last = superpackets["last_frame"].to_numpy(np.int64)
         if packets is not None and len(packets) and "flow_id" in packets.columns:
@@ -129,12 +134,14 @@ def sidecar_rows(packets: Any = None, superpackets: Any = None, findings: Any = 
                     r = row(fr)
                     if r["superpacket"] is None:
                         r["superpacket"], r["flush_reason"] = i, reasons[i]
+                        r["sp_segments"] = None if nseg is None else int(nseg[i])
         else:
             for i in range(len(superpackets)):
                 for fr in {int(first[i]), int(last[i])}:
                     r = row(fr)
                     if r["superpacket"] is None:
                         r["superpacket"], r["flush_reason"] = i, reasons[i]
+                        r["sp_segments"] = None if nseg is None else int(nseg[i])
 
     if findings is not None and len(findings):
         for fr, code, msg in zip(findings["frame"].to_numpy(np.int64), findings["code"].astype(str),

@@ -87,6 +87,10 @@ def plugin_is_current(path: Path) -> bool:
     return path.is_file() and path.read_bytes() == plugin_path().read_bytes()
 
 
+SIDECAR_ENV = "BIGTCP_SIDECAR"
+"""Environment variable the plugin reads the sidecar path from (never a saved preference)."""
+
+
 def tshark_command(capture: str | os.PathLike, sidecar: str | os.PathLike | None = None, *,
                    program: str = "tshark", plugin: str | os.PathLike | None = None,
                    use_installed: bool | None = None, extra: list[str] | None = None) -> list[str]:
@@ -95,23 +99,25 @@ def tshark_command(capture: str | os.PathLike, sidecar: str | os.PathLike | None
     ``program``: ``tshark`` (default) or ``wireshark``. The plugin is passed with ``-X lua_script:PATH``
     unless an identical copy is installed in the personal plugin folder (``use_installed`` None: decide by
     looking; True/False: force), because loading it twice would leave the second copy unused. The sidecar is
-    passed as the preference ``-o bigtcp.sidecar:PATH``, which works for both ways of loading.
+    given as ``env BIGTCP_SIDECAR=PATH`` in front of the program, which works for both ways of loading and,
+    unlike a ``-o`` preference, is never written into the user's Wireshark profile (a saved preference would
+    apply the sidecar to every later capture). All paths are absolute, so the command works from any folder.
     ``-o ipv6.tso_support:TRUE`` is always added so that Wireshark itself dissects TCP in IPv6 payload_len 0
     packets. ``extra`` is appended (for example ``["-Y", "bigtcp.kind"]``).
     """
     exe = find_tshark(program) or program
-    cmd = [exe, "-r", str(capture)]
+    cmd = [exe, "-r", str(Path(capture).absolute())]
     if use_installed is None:
         inst = installed_plugin()
         use_installed = inst is not None and plugin_is_current(inst)
     if not use_installed:
-        cmd += ["-X", f"lua_script:{plugin or plugin_path()}"]
+        cmd += ["-X", f"lua_script:{Path(plugin or plugin_path()).absolute()}"]
     for pref in TSO_PREFS:
         cmd += ["-o", pref]
-    if sidecar is not None:
-        cmd += ["-o", f"bigtcp.sidecar:{sidecar}"]
     if extra:
         cmd += list(extra)
+    if sidecar is not None:
+        cmd = ["env", f"{SIDECAR_ENV}={Path(sidecar).absolute()}", *cmd]
     return cmd
 
 

@@ -24,7 +24,8 @@ Format, version 1 (UTF-8, ``\\n`` line ends, fields separated by one TAB)::
   ``superpacket``: integer id. ``flush_reason``: text. ``filter_miss``: comma-separated IDs (``# filter`` lines) of the
   filters that miss the frame; ``filter_false_match``: the same for filters that match it wrongly. ``findings``: comma-separated codes from ``bigtcp_pcap.findings`` (``[a-z0-9._]``).
   ``wirelen`` / ``ts_ns``: the frame's original length and timestamp (ns), optional but recommended: when
-  present the plugin checks them on every row it applies.
+  present the plugin checks them on every row it applies. ``sp_segments``: the super-packet's segment count
+  (optional; the plugin shows a ``bigtcp`` tree on frames of super-packets of more than one segment).
   ``findings`` items are ``CODE`` or ``CODE=VALUE``; VALUE fills ``{value}`` in the code's message template.
 * Text cells (names, filter expressions, flush reasons, finding values) escape ``\\`` as ``\\\\``, TAB as
   ``\\t``, LF as ``\\n`` and CR as ``\\r``; readers also decode ``\\xHH`` (the writer uses ``\\x2c`` for a
@@ -50,7 +51,7 @@ from typing import Any
 
 MAGIC = "# bigtcp-pcap sidecar v1"
 COLUMNS = ("frame", "superpacket", "flush_reason", "filter_miss", "filter_false_match", "findings", "wirelen",
-           "ts_ns")
+           "ts_ns", "sp_segments")
 SUFFIX = ".bigtcp.tsv"
 
 _ESC = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -200,6 +201,7 @@ def write_sidecar(path: str | os.PathLike, *, capture_name: str, capture_size: i
             ",".join(codes),
             _int_cell(_get(row, "wirelen")),
             _int_cell(_get(row, "ts_ns")),
+            _int_cell(_get(row, "sp_segments")),
         ]
         out_rows.append((fr, "\t".join(cells)))
     out_rows.sort()
@@ -229,6 +231,7 @@ class SidecarRow:
     finding_values: dict[str, str] = field(default_factory=dict)  # code -> VALUE of CODE=VALUE items
     wirelen: int | None = None
     ts_ns: int | None = None
+    sp_segments: int | None = None
 
 
 @dataclass
@@ -296,6 +299,7 @@ def read_sidecar(path: str | os.PathLike) -> Sidecar:
             finding_values=values,
             wirelen=int(cell("wirelen")) if cell("wirelen") else None,
             ts_ns=int(cell("ts_ns")) if cell("ts_ns") else None,
+            sp_segments=int(cell("sp_segments")) if cell("sp_segments") else None,
         )
     if cap is None or cols is None:
         raise ValueError(f"{path}: missing '# capture' header line or column header")

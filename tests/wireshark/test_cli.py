@@ -71,14 +71,14 @@ def test_installed_plugin_is_loaded_without_x_and_listed_in_fields(home, tmp_pat
     caps = kernel_captures()
     if not caps:
         pytest.skip("no kernel captures")
-    cmd = tshark_command(caps[0], extra=["-T", "fields", "-e", "bigtcp.ip_len", "-c", "3"])
+    cmd = tshark_command(caps[0], extra=["-Y", "bigtcp.kind", "-T", "fields", "-e", "bigtcp.ip_len"])
     assert "-X" not in cmd  # the identical installed copy is used
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert [x for x in r.stdout.splitlines() if x]
     g = subprocess.run([TSHARK, "-G", "fields"], capture_output=True, text=True, check=True)
     assert "\tbigtcp.gso_segs\t" in g.stdout
     # given with -X as well: the second copy is not used and nothing breaks
-    cmd2 = tshark_command(caps[0], use_installed=False, extra=["-T", "fields", "-e", "bigtcp.ip_len", "-c", "3"])
+    cmd2 = tshark_command(caps[0], use_installed=False, extra=["-Y", "bigtcp.kind", "-T", "fields", "-e", "bigtcp.ip_len"])
     r2 = subprocess.run(cmd2, capture_output=True, text=True, check=True)
     assert r2.stdout == r.stdout
 
@@ -90,9 +90,12 @@ def test_open_prints_command_with_plugin_and_sidecar(app, home, tmp_path):
     r = CliRunner().invoke(app, ["wireshark", "open", str(a), "--sidecar", str(sc), "--", "-Y", "bigtcp.kind"])
     assert r.exit_code == 0, r.output
     cmd = shlex.split(r.output.strip().splitlines()[-1])
-    assert cmd[1:3] == ["-r", str(a)]
-    assert f"lua_script:{plugin_path()}" in cmd
-    assert f"bigtcp.sidecar:{sc}" in cmd and "ipv6.tso_support:TRUE" in cmd
+    # the sidecar goes in the environment (never a preference Wireshark could save into the profile), and every
+    # path is absolute
+    assert cmd[:2] == ["env", f"BIGTCP_SIDECAR={sc.absolute()}"]
+    assert cmd[3:5] == ["-r", str(a.absolute())]
+    assert f"lua_script:{plugin_path().absolute()}" in cmd
+    assert not any("bigtcp.sidecar" in c for c in cmd) and "ipv6.tso_support:TRUE" in cmd
     assert cmd[-2:] == ["-Y", "bigtcp.kind"]
     r = CliRunner().invoke(app, ["wireshark", "open", str(a), "--gui"])
     assert shlex.split(r.output.strip())[0].endswith("wireshark")
@@ -108,14 +111,14 @@ def test_open_finds_default_sidecar_and_refuses_a_foreign_one(app, home, tmp_pat
     write_sidecar(default, capture_name=a.name, capture_size=a.stat().st_size,
                   first_ts_ns=first_timestamp_ns(a), rows=[])
     r = CliRunner().invoke(app, ["wireshark", "open", str(cap)])
-    assert r.exit_code == 0 and f"bigtcp.sidecar:{default}" in r.output
+    assert r.exit_code == 0 and f"BIGTCP_SIDECAR={default.absolute()}" in r.output
     foreign = write_sidecar(tmp_path / "b.tsv", capture_name=b.name, capture_size=b.stat().st_size,
                             first_ts_ns=first_timestamp_ns(b), rows=[])
     r = CliRunner().invoke(app, ["wireshark", "open", str(cap), "--sidecar", str(foreign)])
     assert r.exit_code == 2
     assert "does not belong" in r.output
     r = CliRunner().invoke(app, ["wireshark", "open", str(cap), "--sidecar", str(foreign), "--force"])
-    assert r.exit_code == 0 and f"bigtcp.sidecar:{foreign}" in r.output
+    assert r.exit_code == 0 and f"BIGTCP_SIDECAR={foreign.absolute()}" in r.output
 
 
 @needs_tshark

@@ -63,8 +63,9 @@ def test_pyshark_display_filter_and_sidecar(ws_home, monkeypatch, tmp_path):
     sc = write_sidecar(tmp_path / "s.tsv", capture_name=capture.name, capture_size=capture.stat().st_size,
                        first_ts_ns=first_timestamp_ns(capture),
                        rows=[{"frame": fr, "superpacket": i, "flush_reason": "size_limit"} for i, fr in enumerate(big)])
+    monkeypatch.setenv("BIGTCP_SIDECAR", str(sc))  # pyshark's tshark inherits the environment
     got = _read(capture, use_json=True, display_filter="bigtcp.gso_segs > 45",
-                override_prefs={"ipv6.tso_support": "TRUE", "bigtcp.sidecar": str(sc)})
+                override_prefs={"ipv6.tso_support": "TRUE"})
     assert sorted(got) == big
     assert all(int(d["gso_segs"]) > 45 for d in got.values())
     assert [int(got[fr]["superpacket"]) for fr in big] == list(range(len(big)))

@@ -103,13 +103,13 @@ def test_plugin_applies_matching_sidecar_by_preference_and_by_script_argument(ws
     p = _sidecar_for(a, tmp_path / "a.tsv", [
         {"frame": 2, "superpacket": 0, "flush_reason": "psh", "filter_miss": ["tcp port 5201"],
          "findings": ["ipv6.jumbo.too_small=1028"]}])
-    pref = fields(ws_home, a, ["frame.number", *NAMES], extra=["-o", f"bigtcp.sidecar:{p}"])
+    pref = fields(ws_home, a, ["frame.number", *NAMES], extra=["-X", f"lua_script1:sidecar={p}"])
     assert pref[1] == ["2", f"applied: {a.name}", "0", "psh", "tcp port 5201", "ipv6.jumbo.too_small", "", ""]
     assert pref[0][7] == "1"  # "sidecar applied" chat on frame 1
     assert all(r[6] == "" for r in pref)
     arg = fields(ws_home, a, ["frame.number", *NAMES], extra=["-X", f"lua_script1:{p}"])
     assert arg == pref
-    r = run_tshark(ws_home, a, ["-o", f"bigtcp.sidecar:{p}", "-Y", "bigtcp.ipv6.jumbo.too_small", "-T", "fields",
+    r = run_tshark(ws_home, a, ["-X", f"lua_script1:sidecar={p}", "-Y", "bigtcp.ipv6.jumbo.too_small", "-T", "fields",
                                 "-e", "_ws.expert.message"])
     assert "[ipv6.jumbo.too_small] Jumbo Payload length 1028 is <= 65535" in r.stdout
 
@@ -119,12 +119,13 @@ def test_plugin_refuses_sidecar_of_another_capture(ws_home, tmp_path):
     a, b = _two_captures()
     p = _sidecar_for(a, tmp_path / "a.tsv", [{"frame": 2, "superpacket": 0, "flush_reason": "psh",
                                               "findings": ["ipv6.jumbo.too_small"]}])
-    rows = fields(ws_home, b, ["frame.number", *NAMES], extra=["-o", f"bigtcp.sidecar:{p}"])
+    rows = fields(ws_home, b, ["frame.number", *NAMES], extra=["-X", f"lua_script1:sidecar={p}"])
     assert all(r[2] == r[3] == r[4] == r[5] == "" for r in rows), "nothing from a refused sidecar is shown"
     ip_rows = [r for r in rows if r[1]]
     assert ip_rows and all(r[1].startswith("refused: ") and "first" in r[1] for r in ip_rows)
-    assert rows[0][6] == "1" and rows[1][6] == "1"  # expert warning on frame 1 and on the row's frame
-    r = run_tshark(ws_home, b, ["-q", "-o", f"bigtcp.sidecar:{p}", "-z", "expert,warn"])
+    # one expert warning, on frame 1 (where the mismatch is found), not one per frame
+    assert rows[0][6] == "1" and [r[6] for r in rows[1:]] == [""] * (len(rows) - 1)
+    r = run_tshark(ws_home, b, ["-q", "-X", f"lua_script1:sidecar={p}", "-z", "expert,warn"])
     assert "Warns" in r.stdout and f"is for capture {a.name}" in r.stdout
 
 
@@ -138,24 +139,25 @@ def test_plugin_refuses_sidecar_whose_rows_disagree(ws_home, tmp_path):
                                              {"frame": 3, "superpacket": 2, "wirelen": wl[3] + 1},
                                              {"frame": 4, "superpacket": 3, "wirelen": wl[4]}])
     got = fields(ws_home, a, ["frame.number", "bigtcp.superpacket", "bigtcp.sidecar.refused"],
-                 extra=["-o", f"bigtcp.sidecar:{p}"])
+                 extra=["-X", f"lua_script1:sidecar={p}"])
     assert got[1][1] == "1" and got[2][1] == "" and got[3][1] == "" and got[2][2] == "1"
     # more frames than the sidecar says the capture has
     p2 = _sidecar_for(a, tmp_path / "b.tsv", [{"frame": 5, "superpacket": 1}], frames=3)
     got = fields(ws_home, a, ["frame.number", "bigtcp.superpacket", "bigtcp.sidecar"],
-                 extra=["-o", f"bigtcp.sidecar:{p2}"])
-    assert got[4][1] == "" and "lists 3 frames" in got[4][2]
+                 extra=["-X", f"lua_script1:sidecar={p2}"])
+    # refused at frame 4 (the first past the sidecar's 3), where the status is shown; frame 5's row is not applied
+    assert got[4][1] == "" and "lists 3 frames" in got[3][2]
 
 
 @needs_tshark
 def test_unreadable_sidecar_is_reported(ws_home, tmp_path):
     a, _ = _two_captures()
     rows = fields(ws_home, a, ["frame.number", "bigtcp.sidecar", "bigtcp.sidecar.error"],
-                  extra=["-o", f"bigtcp.sidecar:{tmp_path / 'missing.tsv'}"])
+                  extra=["-X", f"lua_script1:sidecar={tmp_path / 'missing.tsv'}"])
     assert rows[0][2] == "1" and "cannot open" in rows[0][1]
     bad = tmp_path / "bad.tsv"
     bad.write_text("hello\n")
-    rows = fields(ws_home, a, ["frame.number", "bigtcp.sidecar"], extra=["-o", f"bigtcp.sidecar:{bad}"])
+    rows = fields(ws_home, a, ["frame.number", "bigtcp.sidecar"], extra=["-X", f"lua_script1:sidecar={bad}"])
     assert "not a bigtcp-pcap sidecar" in rows[0][1]
 
 
@@ -167,8 +169,72 @@ def test_two_pass_tshark_applies_and_refuses_the_same_way(ws_home, tmp_path):
     p = _sidecar_for(a, tmp_path / "a.tsv", rows)
     names = ["frame.number", "bigtcp.superpacket", "bigtcp.sidecar"]
     for cap in (a, b):
-        one = fields(ws_home, cap, names, extra=["-o", f"bigtcp.sidecar:{p}"])
-        two = fields(ws_home, cap, names, extra=["-2", "-o", f"bigtcp.sidecar:{p}"])
+        one = fields(ws_home, cap, names, extra=["-X", f"lua_script1:sidecar={p}"])
+        two = fields(ws_home, cap, names, extra=["-2", "-X", f"lua_script1:sidecar={p}"])
         assert [(r[1], r[2].split(":")[0]) for r in one] == [(r[1], r[2].split(":")[0]) for r in two]
-    assert [r[1] for r in fields(ws_home, a, names, extra=["-2", "-o", f"bigtcp.sidecar:{p}"])][:5] == \
+    assert [r[1] for r in fields(ws_home, a, names, extra=["-2", "-X", f"lua_script1:sidecar={p}"])][:5] == \
         ["1", "2", "", "", "5"]
+
+
+def _installed_home(tmp_path):
+    from bigtcp_pcap.wireshark import install_plugin
+
+    home = tmp_path / "home"
+    install_plugin(home / ".local" / "lib" / "wireshark" / "plugins")
+    return home
+
+
+@needs_tshark
+def test_sidecar_is_no_preference_so_it_cannot_be_saved_into_a_profile(tmp_path):
+    import subprocess
+
+    from .conftest import TSHARK, tshark_env
+
+    home = _installed_home(tmp_path)
+    prefs = subprocess.run([TSHARK, "-G", "defaultprefs"], capture_output=True, text=True, env=tshark_env(home),
+                           check=True).stdout
+    names = [ln.split(":")[0].lstrip("#") for ln in prefs.splitlines() if ln.lstrip("#").startswith("bigtcp.")]
+    assert names and "bigtcp.mss" in names and not any("sidecar" in n for n in names)
+    # and -o bigtcp.sidecar:... is rejected by tshark instead of being stored
+    a, _ = _two_captures()
+    r = subprocess.run([TSHARK, "-r", str(a), "-o", "bigtcp.sidecar:/x.tsv", "-c", "1"], capture_output=True,
+                       text=True, env=tshark_env(home), check=False)
+    assert r.returncode != 0
+
+
+@needs_tshark
+def test_installed_plugin_takes_the_sidecar_from_the_environment(tmp_path):
+    import subprocess
+
+    from .conftest import TSHARK, tshark_env
+
+    home = _installed_home(tmp_path)
+    a, _ = _two_captures()
+    p = _sidecar_for(a, tmp_path / "a.tsv", [{"frame": 2, "superpacket": 7, "flush_reason": "psh"}])
+    cmd = [TSHARK, "-r", str(a), "-T", "fields", "-e", "frame.number", "-e", "bigtcp.sidecar", "-e",
+           "bigtcp.superpacket", "-c", "3"]
+    got = subprocess.run(cmd, capture_output=True, text=True, env=tshark_env(home) | {"BIGTCP_SIDECAR": str(p)},
+                         check=True).stdout.splitlines()
+    assert got[0].split("\t")[1].startswith("applied: ") and got[1].split("\t")[2] == "7"
+    # without the variable, the next run of the same user knows nothing of it
+    got = subprocess.run(cmd, capture_output=True, text=True, env=tshark_env(home), check=True).stdout
+    assert "applied" not in got and "refused" not in got
+
+
+@needs_tshark
+def test_expert_info_names_have_no_placeholder(tmp_path):
+    import subprocess
+
+    from bigtcp_pcap import findings as F
+
+    from .conftest import TSHARK, tshark_env
+
+    home = _installed_home(tmp_path)
+    out = subprocess.run([TSHARK, "-G", "fields"], capture_output=True, text=True, env=tshark_env(home),
+                         check=True).stdout
+    names = {c[2]: c[1] for c in (ln.split("\t") for ln in out.splitlines()) if len(c) > 2 and c[0] == "F"}
+    for code in F.BY_CODE:
+        name = names[f"bigtcp.{code}"]
+        assert "{value}" not in name and name.startswith(f"[{code}] ")
+    assert names["bigtcp.ipv6.jumbo.too_small"] == \
+        "[ipv6.jumbo.too_small] " + F.BY_CODE["ipv6.jumbo.too_small"].template.replace("{value}", "N")

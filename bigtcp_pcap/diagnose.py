@@ -1,0 +1,421 @@
+"""Why super-packets are small: the capture's kind, what the capturing host's limits must be, and per flow what
+ended its super-packets, in words, with the knob that would change it and a measured what-if.
+
+Three parts, all fed batch by batch from ``analyze()`` (bounded memory) and finished once:
+
+* ``SuperPacketTally`` counts rows and payload bytes per (flow, flush reason) and keeps the sizes of observed
+  super-packets (already aggregated in the capture: a receiver with GRO on, or a sender with TSO/GSO on).
+* ``infer_capture`` says whether the capture is post-GRO (or TSO-side), with the evidence, and what the
+  observed sizes tell about the capturing host: super-packets that stop at the NAPI budget (64 segments at
+  HZ < 1000, gro-spec R21.3), just below 64 KiB (a limit left at 65536), or below a raised limit; and whether
+  the modelled ``GroConfig`` contradicts what was observed.
+* ``diagnose`` ranks each top flow's flush reasons by payload bytes and, for every reason a receiver setting can
+  change, re-runs the GRO stage (only that stage, on the decoded packets ``WhatIfInput`` kept: the first
+  ``WHATIF_MAX_PACKETS`` of the capture, all flows, so NAPI budgets count as in the real run) with the knob
+  changed, and reports what ``analyze`` would then build. Nothing here is guessed from the reason name alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .decode import PacketBatch
+from .gro import make_engine
+from .gro import reasons as R
+from .gro.config import GRO_LEGACY_MAX_SIZE, GRO_MAX_SIZE, GroConfig
+from .gro.superpacket import SOURCE_OBSERVED, SuperPacketBatch
+
+WHATIF_MAX_PACKETS = 131072
+"""Decoded packets kept for the what-if runs (~170 bytes each): the first this many of the capture."""
+OBSERVED_MAX_ROWS = 1_000_000
+"""Observed super-packets whose sizes are kept for the inference (a few bytes each)."""
+TOP_FLOWS = 5
+BIG_TCP_SIZE = 185000  # the value the BIG TCP patches and most guides use for gso/gro_max_size
+TH_PSH = 0x08
+
+# reason -> (words, knob): what ended the super-packet and what would change it. Knob None: not a receiver
+# setting (the sender, the application or the network decides).
+REASON_TEXT: dict[str, tuple[str, str | None]] = {
+    "size_limit": ("the receiver's size limit (the next segment would have reached it)", "gro_max_size"),
+    "napi_poll": ("the end of a NAPI poll", "napi"),
+    "psh": ("application writes: PSH on the last segment (one write or TSO burst ends)", None),
+    "short_segment": ("application writes: a segment shorter than the MSS ends a write", None),
+    "option_change": (("TSval ticks: the TCP timestamp changed (every 1 ms at the sender's clock), or other "
+                      "options such as SACK"), None),
+    "ip_change": ("a change of TOS/traffic class (an ECN CE mark), TTL/hop limit or DF", None),
+    "seq_gap": ("sequence gaps: loss, reordering, retransmissions or packets the capture dropped", None),
+    "ack_change": ("a new ACK number (data flowing both ways)", None),
+    "window_change": ("a receive-window update from the sender of the data", None),
+    "flags": ("a change of ECE/ACK flags", None),
+    "cwr": ("CWR set (the sender reacted to an ECN mark; kernel <= 6.19 flushes)", None),
+    "ip_id": ("IPv4 IDs neither incrementing nor fixed", None),
+    "mss_exceeded": ("a segment larger than the first one", None),
+    "gso_size_mismatch": ("an aggregated input with a different segment size", None),
+    "no_payload": ("a packet without payload on the flow (pure ACK, window update)", None),
+    "flush_marked": (("packets GRO must not merge (length field differs from the frame: padding, truncation)"),
+                     None),
+    "rst": ("RST", None), "syn": ("SYN", None), "urg": ("URG", None), "fin": ("FIN (end of the transfer)", None),
+    "bucket_evict": ("a full GRO bucket (more than 8 flows held in one bucket)", "rx_queues"),
+    "end_of_capture": ("the end of the capture", None),
+    "not_mergeable_alone": ("packets GRO gives up on (tunnels, IP options, fragments, bad checksums)", None),
+    "observed": ("already aggregated in the capture (not built by the model)", None),
+}
+
+KNOB_TEXT = {
+    "gro_max_size": "raise gro_max_size (IPv6): ip link set dev DEV gro_max_size {v}",
+    "gro_ipv4_max_size": "raise gro_ipv4_max_size, which gro_max_size does not raise above 65536: "
+                         "ip link set dev DEV gro_ipv4_max_size {v}",
+    "hz": "a kernel with HZ >= 1000 (CONFIG_HZ_1000): full-budget polls then keep this jiffy's entries",
+    "gro_flush_timeout": "gro_flush_timeout + napi_defer_hard_irqs (sysfs /sys/class/net/DEV/...): poll ends keep "
+                         "young entries",
+    "rx_queues": "more RX queues / RSS spreading the flows over more NAPI instances",
+}
+
+
+class SuperPacketTally:
+    """Bytes and rows per (flow, flush reason), segments at NAPI budget, and observed super-packet sizes.
+
+    A rebuilt row whose next segment could not have joined it anyway (``l3_len`` + one more segment >= the
+    modelled limit of its IP version) is at the size limit, whatever the engine's reason (a PSH on the 45th
+    segment of a 64 KiB super-packet): such rows are counted under ``size_limit``, and the reason the engine gave
+    is kept in ``also`` (``(flow, "size_limit") -> {"psh": rows}``).
+    """
+
+    def __init__(self, cfg: GroConfig | None = None) -> None:
+        cfg = cfg or GroConfig()
+        self.napi_weight = cfg.napi_weight
+        self.limits = (cfg.ipv4_limit, cfg.gro_max_size)
+        self.by_key: dict[tuple[int, int], list[int]] = {}  # (flow, reason) -> [rows, bytes, rows at budget]
+        self.also: dict[int, dict[str, int]] = {}  # flow -> {engine reason: rows counted under size_limit}
+        self._obs: list[tuple[np.ndarray, ...]] = []
+        self._obs_rows = 0
+
+    def add(self, spb: SuperPacketBatch) -> None:
+        """Count one batch of rows (already labelled ``observed`` where the capture aggregated them)."""
+        if not len(spb):
+            return
+        fid = spb.flow_id.astype(np.int64)
+        reason = spb.flush_reason.astype(np.int64)
+        nseg = np.maximum(spb.n_segments.astype(np.int64), 1)
+        seg = (spb.payload_len.astype(np.int64) + nseg - 1) // nseg
+        limit = np.where(spb.ip_version == 4, self.limits[0], self.limits[1])
+        bound = ((spb.source != SOURCE_OBSERVED) & (reason != R.SIZE_LIMIT) & (reason != R.OBSERVED)
+                 & (spb.l3_len.astype(np.int64) + seg >= limit) & (spb.payload_len > 0))
+        if bound.any():
+            for f, r in zip(fid[bound].tolist(), reason[bound].tolist()):
+                d = self.also.setdefault(f, {})
+                d[R.REASON_NAMES[r]] = d.get(R.REASON_NAMES[r], 0) + 1
+            reason = np.where(bound, R.SIZE_LIMIT, reason)
+        key = fid * 64 + reason
+        uk, inv = np.unique(key, return_inverse=True)
+        rows = np.bincount(inv, minlength=uk.size)
+        nbytes = np.bincount(inv, weights=spb.payload_len.astype(np.float64), minlength=uk.size)
+        budget = np.bincount(inv, weights=(spb.n_segments >= self.napi_weight).astype(np.float64),
+                             minlength=uk.size)
+        for k, r, b, nb in zip(uk.tolist(), rows.tolist(), nbytes.tolist(), budget.tolist()):
+            acc = self.by_key.setdefault((k // 64, k % 64), [0, 0, 0])
+            acc[0] += r
+            acc[1] += int(b)
+            acc[2] += int(nb)
+        obs = spb.source == SOURCE_OBSERVED
+        if obs.any() and self._obs_rows < OBSERVED_MAX_ROWS:
+            self._obs.append((fid[obs], spb.ip_version[obs], spb.l3_len[obs].astype(np.int64),
+                              spb.n_segments[obs].astype(np.int64), spb.payload_len[obs].astype(np.int64),
+                              spb.tcp_flags[obs].astype(np.int64)))
+            self._obs_rows += int(obs.sum())
+
+    def observed(self) -> dict[str, np.ndarray]:
+        """Columns of the kept observed rows: flow_id, ip_version, l3_len, n_segments, payload_len, tcp_flags."""
+        names = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
+        if not self._obs:
+            return {n: np.zeros(0, np.int64) for n in names}
+        return {n: np.concatenate([o[i] for o in self._obs]).astype(np.int64) for i, n in enumerate(names)}
+
+
+@dataclass
+class WhatIfInput:
+    """The first ``limit`` decoded packets of the capture with their flow ids, for re-running the GRO stage."""
+
+    limit: int = WHATIF_MAX_PACKETS
+    batches: list[tuple[PacketBatch, np.ndarray, np.ndarray | None]] = field(default_factory=list)
+    kept: int = 0
+    seen: int = 0
+
+    def add(self, pb: PacketBatch, fid: np.ndarray, receivers: np.ndarray | None = None) -> None:
+        """Keep (a prefix of) this batch while the budget lasts, with its receiver index per packet (the GRO
+        stage's routing, gro/receivers.py; None when the run does not split receivers)."""
+        self.seen += len(pb)
+        room = self.limit - self.kept
+        if room <= 0 or not len(pb):
+            return
+        if len(pb) > room:
+            idx = np.arange(room)
+            pb, fid = pb.take(idx), fid[:room]
+            receivers = receivers[:room] if receivers is not None else None
+        self.batches.append((pb, np.asarray(fid).copy(), None if receivers is None else receivers.copy()))
+        self.kept += len(pb)
+
+    def run(self, cfg: GroConfig, engine: str = "compiled") -> SuperPacketBatch:
+        """The super-packets the GRO stage builds from the kept packets with ``cfg`` (observed rows labelled):
+        the same receivers and ACK evidence as the full run (gro/stage.py)."""
+        from .gro.evidence import acked_ends
+
+        if not self.batches:
+            return SuperPacketBatch.empty(0)
+        pb = PacketBatch.concat([b for b, _, _ in self.batches])
+        fid = np.concatenate([f for _, f, _ in self.batches])
+        rx = None
+        if cfg.split_receivers and all(r is not None for _, _, r in self.batches):
+            rx = np.concatenate([r for _, _, r in self.batches])
+        acked = acked_ends(pb) if cfg.ack_evidence else None
+        eng = make_engine(engine, cfg)
+        out = [eng.feed(pb, fid, acked=acked, receiver=rx), eng.flush()]
+        return label_observed(SuperPacketBatch.concat(out))
+
+
+def label_observed(spb: SuperPacketBatch) -> SuperPacketBatch:
+    """Rows that are one already aggregated input packet get the reason ``observed`` (in place; returned)."""
+    if len(spb):
+        spb.flush_reason[spb.source == SOURCE_OBSERVED] = R.OBSERVED
+    return spb
+
+
+# --- what the observed sizes say about the capturing host -----------------------------------------------------
+def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int) -> dict[str, Any]:
+    """Is the capture post-GRO (or TSO-side), the evidence, and the limits the observed sizes imply."""
+    obs = tally.observed()
+    n = int(obs["l3_len"].size)
+    out: dict[str, Any] = {"post_gro": False, "observed_superpackets": n, "evidence": [], "host": [],
+                           "contradictions": []}
+    if n == 0:
+        out["kind"] = "pre-GRO (segments)" if payload_packets else "no TCP payload"
+        out["evidence"].append("no packet carries more than one MSS segment: every super-packet is rebuilt")
+        return out
+    out["post_gro"] = True
+    out["kind"] = "post-GRO (or TSO-side)"
+    share = n / max(1, payload_packets)
+    out["evidence"].append(f"{n:,} of {payload_packets:,} payload packets ({share:.0%}) already carry more than "
+                           "one MSS segment (observed super-packets, up to "
+                           f"{int(obs['n_segments'].max())} segments and {int(obs['l3_len'].max()):,} bytes of IP "
+                           "length)")
+    big = int((obs["l3_len"] > 65535).sum())
+    if big:
+        out["evidence"].append(f"{big:,} of them exceed 64 KiB (BIG TCP encodings)")
+    for ver in (6, 4):
+        sel = obs["ip_version"] == ver
+        if not sel.any():
+            continue
+        out["host"].append(_infer_version(ver, obs["l3_len"][sel], obs["n_segments"][sel], obs["payload_len"][sel],
+                                          tally.napi_weight, cfg, out["contradictions"]))
+    return out
+
+
+def _infer_version(ver: int, l3: np.ndarray, nseg: np.ndarray, pay: np.ndarray, weight: int, cfg: GroConfig,
+                   contradictions: list[str]) -> dict[str, Any]:
+    imax = int(np.argmax(l3))
+    lmax, smax = int(l3[imax]), int(nseg[imax])
+    mss = int(np.max(np.where(nseg > 0, (pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1), 0)))
+    knob = "gro_max_size" if ver == 6 else "gro_ipv4_max_size"
+    limit = cfg.gro_max_size if ver == 6 else cfg.ipv4_limit
+    at_budget = int((nseg == weight).sum())
+    near64 = int(((l3 < GRO_LEGACY_MAX_SIZE) & (l3 + mss >= GRO_LEGACY_MAX_SIZE)).sum())
+    d: dict[str, Any] = {"ip_version": ver, "largest_l3_len": lmax, "segments_of_largest": smax,
+                         "max_segments": int(nseg.max()), "at_napi_budget": at_budget, "mss": mss,
+                         "limit_at_least": lmax + 1}
+    if smax >= weight and at_budget >= 2:
+        d["stops_at"] = "napi_budget"
+        d["text"] = (f"IPv{ver}: super-packets stop at {weight} segments ({at_budget:,} of {nseg.size:,} have "
+                     f"exactly {weight}, the largest {lmax:,} bytes): the NAPI budget at HZ < 1000, not "
+                     f"{knob}; the host's {knob} is at least {lmax + 1:,}")
+    elif lmax < GRO_LEGACY_MAX_SIZE and near64:
+        d["stops_at"] = "size_limit"
+        d["limit_at_most"] = GRO_LEGACY_MAX_SIZE
+        d["text"] = (f"IPv{ver}: super-packets stop just below 64 KiB ({near64:,} within one {mss}-byte segment "
+                     f"of 65536, the largest {lmax:,} bytes): the host's {knob} is 65536, not raised"
+                     + (" (gro_max_size does not raise it: set gro_ipv4_max_size)" if ver == 4 else ""))
+    elif lmax >= GRO_LEGACY_MAX_SIZE:
+        d["stops_at"] = "size_limit"
+        d["limit_at_most"] = lmax + mss
+        d["text"] = (f"IPv{ver}: super-packets stop at {lmax:,} bytes ({smax} segments), above 64 KiB: the host's "
+                     f"{knob} is between {lmax + 1:,} and {lmax + mss:,} (the next {mss}-byte segment would reach it)")
+    else:
+        d["stops_at"] = "other"
+        d["text"] = (f"IPv{ver}: the largest observed super-packet is {lmax:,} bytes ({smax} segments), far from "
+                     "64 KiB and below the NAPI budget: limited by the sender's writes or poll ends, not by a size "
+                     "limit")
+    if lmax >= limit:
+        contradictions.append(f"IPv{ver}: observed super-packets of {lmax:,} bytes, but the model assumed "
+                              f"{knob} {limit:,} (its largest is {limit - 1:,}): re-run with --{knob.replace('_', '-')}"
+                              f" {max(lmax + 1, BIG_TCP_SIZE) if lmax + 1 <= BIG_TCP_SIZE else lmax + 1}")
+    return d
+
+
+# --- per-flow diagnosis with what-ifs -------------------------------------------------------------------------
+def _whatif_configs(reason: str, ver: int, cfg: GroConfig) -> list[tuple[str, str, GroConfig]]:
+    """(knob, description, changed config) for a reason a receiver setting can change."""
+    out = []
+    if reason == "size_limit":
+        if ver == 6:
+            cur = cfg.gro_max_size
+            v = BIG_TCP_SIZE if cur < BIG_TCP_SIZE else GRO_MAX_SIZE
+            if v > cur:
+                out.append(("gro_max_size", f"gro_max_size {v}",
+                            replace(cfg, gro_max_size=v, gro_ipv4_max_size=cfg.ipv4_limit)))
+        else:
+            cur = cfg.ipv4_limit
+            v = BIG_TCP_SIZE if cur < BIG_TCP_SIZE else GRO_MAX_SIZE
+            if v > cur:
+                out.append(("gro_ipv4_max_size", f"gro_ipv4_max_size {v}", replace(cfg, gro_ipv4_max_size=v)))
+    elif reason == "napi_poll":
+        if cfg.hz < 1000:
+            out.append(("hz", "HZ 1000", replace(cfg, hz=1000)))
+        if cfg.gro_flush_timeout_ns == 0:
+            out.append(("gro_flush_timeout", "gro_flush_timeout 200000 ns + napi_defer_hard_irqs 2",
+                        replace(cfg, gro_flush_timeout_ns=200_000, napi_defer_hard_irqs=2)))
+    elif reason == "bucket_evict":
+        out.append(("rx_queues", f"rx_queues {cfg.rx_queues * 4}", replace(cfg, rx_queues=cfg.rx_queues * 4)))
+    return out
+
+
+def _flow_stats(spb: SuperPacketBatch, fid: int) -> dict[str, Any]:
+    sel = (spb.flow_id == fid) & (spb.source != SOURCE_OBSERVED)
+    l3 = spb.l3_len[sel].astype(np.int64)
+    if not l3.size:
+        return {"superpackets": 0, "p50_l3_len": None, "max_l3_len": None, "mean_segments": None}
+    return {"superpackets": int(l3.size), "p50_l3_len": int(np.median(l3)), "max_l3_len": int(l3.max()),
+            "mean_segments": round(float(spb.n_segments[sel].mean()), 1)}
+
+
+def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig, whatif: WhatIfInput | None,
+             engine: str = "compiled", top: int = TOP_FLOWS) -> dict[str, Any]:
+    """The diagnosis section: per top flow, ranked reasons with words, knob and measured what-if."""
+    n = len(flow_cols["flow_id"])
+    order = sorted(range(n), key=lambda i: -flow_cols["payload_bytes"][i])
+    order = [i for i in order if flow_cols["payload_bytes"][i] > 0][:top]
+    runs: dict[str, SuperPacketBatch] = {}
+    base = None
+    if whatif is not None and whatif.kept:
+        base = whatif.run(cfg, engine)
+    flows_out = []
+    obs_cols = tally.observed()
+    for i in order:
+        fid = int(flow_cols["flow_id"][i])
+        ver = int(flow_cols["ip_version"][i])
+        items = [(R.REASON_NAMES[r], v) for (f, r), v in tally.by_key.items() if f == fid]
+        total = sum(v[1] for _, v in items) or 1
+        items.sort(key=lambda t: -t[1][1])
+        reasons = []
+        for name, (rows, nbytes, at_budget) in items:
+            words, _ = REASON_TEXT.get(name, (name, None))
+            entry: dict[str, Any] = {"reason": name, "superpackets": rows, "bytes": nbytes,
+                                     "share": round(nbytes / total, 4), "text": words, "knobs": []}
+            if name == "size_limit":
+                entry["knob"] = "gro_max_size" if ver == 6 else "gro_ipv4_max_size"
+                lim = cfg.gro_max_size if ver == 6 else cfg.ipv4_limit
+                entry["text"] = f"the IPv{ver} size limit {lim:,} ({entry['knob']}"
+                entry["text"] += ", which gro_max_size does not raise)" if ver == 4 else ")"
+                also = tally.also.get(fid)
+                if also:
+                    entry["also"] = also
+                    entry["text"] += (": " + ", ".join(f"{v:,} ended by {k}" for k, v in also.items())
+                                      + " one segment below it")
+            elif name == "napi_poll":
+                entry["at_napi_budget"] = at_budget
+                if at_budget * 2 >= rows and cfg.hz < 1000:
+                    entry["text"] = (f"the NAPI budget: {at_budget:,} of {rows:,} reached {cfg.napi_weight} "
+                                     f"segments, and at HZ {cfg.hz} (< 1000) a full-budget poll flushes everything")
+                    entry["knob"] = "napi budget / HZ"
+                else:
+                    entry["text"] = "the end of a NAPI poll (an idle gap or a short poll: R21.2)"
+                    entry["knob"] = "gro_flush_timeout + napi_defer_hard_irqs"
+            elif name == "observed":
+                entry.update(_observed_ends(obs_cols, fid, tally.napi_weight))
+                entry["text"] = "already aggregated in the capture: " + entry["ends_text"]
+            elif name == "psh" or name == "short_segment":
+                entry["knob"] = "application writes (sender)"
+            elif name == "option_change":
+                entry["knob"] = "TSval ticks (sender's TCP timestamps)"
+            elif name == "ip_change":
+                entry["knob"] = "CE marks (ECN at a queue) / TOS"
+            elif name == "seq_gap":
+                entry["knob"] = "drops / reordering"
+            else:
+                entry["knob"] = REASON_TEXT.get(name, ("", None))[1]
+            if base is not None and entry["share"] >= 0.01:
+                for knob, desc, cfg2 in _whatif_configs(name, ver, cfg):
+                    if desc not in runs:
+                        runs[desc] = whatif.run(cfg2, engine)
+                    before, after = _flow_stats(base, fid), _flow_stats(runs[desc], fid)
+                    entry["knobs"].append({"knob": knob, "change": desc, "suggest": KNOB_TEXT[knob].format(
+                        v=desc.split()[-1]), "before": before, "after": after,
+                        "text": _whatif_text(desc, before, after)})
+                if (name == "size_limit" and entry["knobs"] and entry.get("also")
+                        and all((k["after"]["max_l3_len"] or 0) <= (k["before"]["max_l3_len"] or 0)
+                                for k in entry["knobs"])):
+                    entry["text"] += ("; raising it alone builds nothing larger here: the sender's own bursts end "
+                                      "at the same size (PSH), so its gso_max_size / TSO size must go up too")
+            reasons.append(entry)
+        f = {k: flow_cols[k][i] for k in ("flow_id", "src", "dst", "sport", "dport", "ip_version", "payload_bytes")}
+        f["reasons"] = reasons
+        f["text"] = _flow_text(f)
+        flows_out.append(f)
+    d: dict[str, Any] = {"flows": flows_out, "model": {"gro_max_size": cfg.gro_max_size,
+                                                        "gro_ipv4_max_size": cfg.ipv4_limit, "hz": cfg.hz,
+                                                        "napi_weight": cfg.napi_weight}}
+    if whatif is not None:
+        d["what_if_input"] = {"packets": whatif.kept, "of": whatif.seen,
+                              "note": ("what-ifs re-run the GRO stage on all decoded packets" if whatif.kept ==
+                                       whatif.seen else f"what-ifs re-run the GRO stage on the first "
+                                       f"{whatif.kept:,} of {whatif.seen:,} packets (before/after on the same "
+                                       "packets)")}
+    return d
+
+
+def _observed_ends(obs: dict[str, np.ndarray], fid: int, weight: int) -> dict[str, Any]:
+    sel = obs["flow_id"] == fid
+    nseg, l3, pay, flags = obs["n_segments"][sel], obs["l3_len"][sel], obs["payload_len"][sel], obs["tcp_flags"][sel]
+    if not nseg.size:
+        return {"ends": {}, "ends_text": "sizes not kept"}
+    mss = int(np.max((pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1)))
+    budget = nseg >= weight
+    near64 = ~budget & (l3 < GRO_LEGACY_MAX_SIZE) & (l3 + mss >= GRO_LEGACY_MAX_SIZE)
+    psh = ~budget & ~near64 & ((flags & TH_PSH) != 0)
+    other = ~(budget | near64 | psh)
+    ends = {"napi_budget": int(budget.sum()), "below_64k": int(near64.sum()), "psh": int(psh.sum()),
+            "other": int(other.sum())}
+    words = {"napi_budget": f"{weight} segments (NAPI budget)", "below_64k": "within one segment of 64 KiB",
+             "psh": "PSH (end of a write)", "other": "shorter, no PSH (a poll end or the host's size limit)"}
+    parts = [f"{v:,} at {words[k]}" if k in ("napi_budget",) else f"{v:,} {words[k]}"
+             for k, v in sorted(ends.items(), key=lambda t: -t[1]) if v]
+    return {"ends": ends, "ends_text": ", ".join(parts), "max_segments": int(nseg.max())}
+
+
+def _whatif_text(desc: str, before: dict, after: dict) -> str:
+    if not before["superpackets"] and not after["superpackets"]:
+        return f"with {desc}: nothing to rebuild (the input is already aggregated)"
+    return (f"with {desc}: {after['superpackets']:,} super-packets instead of {before['superpackets']:,}, "
+            f"median {_n(before['p50_l3_len'])} -> {_n(after['p50_l3_len'])} bytes, largest "
+            f"{_n(before['max_l3_len'])} -> {_n(after['max_l3_len'])}")
+
+
+def _n(v) -> str:
+    return "-" if v is None else f"{v:,}"
+
+
+def _flow_text(f: dict) -> str:
+    rs = [r for r in f["reasons"] if r["reason"] not in ("end_of_capture",)] or f["reasons"]
+    if not rs:
+        return "no super-packets"
+    top = rs[0]
+    s = f"{top['share']:.0%} of the bytes: {top['text']}"
+    best = max(top["knobs"], key=lambda k: (k["after"]["p50_l3_len"] or 0), default=None)
+    if best is not None and best["after"]["superpackets"] and (best["after"]["p50_l3_len"] or 0) > (
+            best["before"]["p50_l3_len"] or 0):
+        s += f"; {best['text']}"
+    elif top.get("knob") and not top["knobs"]:
+        s += f" (what changes it: {top['knob']})"
+    return s
+
