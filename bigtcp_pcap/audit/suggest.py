@@ -27,17 +27,14 @@ import socket
 from dataclasses import dataclass, field
 
 from .expr import (
-    Bool,
     ExprSyntaxError,
-    Group,
     Load,
-    Node,
-    Not,
     Prim,
     Rel,
     const_value,
     emit,
     parse,
+    relations,
     render_items,
     render_load,
 )
@@ -82,15 +79,7 @@ def has_l4_index(expr: str) -> bool:
         tree = parse(expr)
     except ExprSyntaxError:
         return "tcp[" in expr.replace(" ", "") or "udp[" in expr.replace(" ", "")
-    return any(len(p) == 1 and p <= {"tcp", "udp"} for p in ({ld.proto for ld in r.loads()} for r in _rels(tree)))
-
-
-def _rels(node: Node) -> list[Rel]:
-    if isinstance(node, Bool):
-        return _rels(node.left) + _rels(node.right)
-    if isinstance(node, (Not, Group)):
-        return _rels(node.child)
-    return [node] if isinstance(node, Rel) else []
+    return any(len(p) == 1 and p <= {"tcp", "udp"} for p in ({ld.proto for ld in r.loads()} for r in relations(tree)))
 
 
 def _port_number(name: str, protos: tuple[int, ...]) -> int | None:
