@@ -500,8 +500,6 @@ class FilterAudit:
             res.judged_on, res.raw_header = "raw", list(self.raw_header)
             res.normalized = {"truth": self._n_alt_truth, "missed": self._n_alt_missed,
                               "false_matches": self._n_alt_false}
-            res.notes.insert(0, "tests the raw header (" + "; ".join(self.raw_header) + "); judged on the raw "
-                             "frame, as captured")
         if self._n_skipped:
             res.notes.append(f"{self._n_skipped} frames that no BIG TCP encoding or extension header can affect were "
                              "not run through the filter: matched/truth count only the others, and the suggestion "

@@ -342,8 +342,10 @@ def raw_header_reads(expr: str) -> list[str]:
             elif ld.proto == "ip6":
                 if span is None:
                     what = "IPv6 header bytes at a computed offset"
-                elif span[0] < 7 and span[1] > 4:
-                    what = "the IPv6 payload length / next header"
+                elif span[0] < 6 and span[1] > 4:
+                    what = "the IPv6 payload length"
+                elif span[0] <= 6 < span[1]:
+                    what = "the IPv6 next header"
                 elif span[1] > IPV6_HDR:
                     what = "bytes past the fixed IPv6 header"
             elif ld.proto in _LINK_LOADS and (span is None or span[1] > _MIN_LINK_HDR):

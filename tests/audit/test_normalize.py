@@ -96,7 +96,7 @@ def test_tunnel_inner_hbh_removed_and_outer_lengths_follow(tmp_path):
 def test_tunnel_outer_length_0_gets_the_frame_length(tmp_path):
     inner = v4_tcp(80000, totlen0=True, snap=None)[0]
     outer = vxlan(inner, outer_len=0, udp_len=0)
-    pb, f, (new, _) = normalized(tmp_path, (outer[:200], len(outer)))
+    _, f, (new, _) = normalized(tmp_path, (outer[:200], len(outer)))
     assert nz.needs_normalizing(f, outer[:200])
     inner_fixed = inner[:16] + struct.pack("!H", 65535) + inner[18:]
     assert new == vxlan(inner_fixed, outer_len=65535, udp_len=65535)[:200]
