@@ -72,6 +72,12 @@ class L3Fields:
                    int(pb.l4_proto[i]), int(pb.ip_len[i]), int(pb.status[i]), int(pb.tunnel[i]), int(pb.l2_len[i]))
 
 
+def inner_ip(f: L3Fields) -> bool:
+    """A tunnel frame whose decoded IP header is the inner one (VXLAN/Geneve around ARP, say, leaves the
+    decoder's IP header at the outer one: then the frame is normalized as a plain one)."""
+    return f.tunnel != TUNNEL_NONE and f.l3_off > f.l2_len
+
+
 def outer_headers(data: bytes | memoryview, f: L3Fields) -> tuple[int, int] | None:
     """(outer IP version, offset of the outer UDP header) of a tunnel frame, None when the outer header is not
     plain IPv4 or IPv6 followed by UDP within the captured bytes."""
@@ -105,7 +111,7 @@ def why_not(f: L3Fields, data: bytes | memoryview) -> str | None:
     caplen = len(data)
     if f.ip_version not in (4, 6) or f.l3_off < 0 or f.status & (ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_TRUNC_L2):
         return SKIP_NOT_IP
-    if f.tunnel != TUNNEL_NONE and outer_headers(data, f) is None:
+    if inner_ip(f) and outer_headers(data, f) is None:
         return SKIP_TUNNEL
     if f.status & ST_IP_FRAGMENT:
         return SKIP_FRAGMENT
@@ -116,7 +122,7 @@ def why_not(f: L3Fields, data: bytes | memoryview) -> str | None:
 
 def needs_normalizing(f: L3Fields, data: bytes | memoryview) -> bool:
     """True when the normalized copy would differ from the frame (cheap test on the length fields)."""
-    if f.tunnel != TUNNEL_NONE and _outer_zero(data, f):
+    if inner_ip(f) and _outer_zero(data, f):
         return True
     if f.ip_version == 6:
         return f.ext_len > 0 or (data[f.l3_off + 4] == 0 and data[f.l3_off + 5] == 0 and f.ip_len > IPV6_HDR)
@@ -147,7 +153,7 @@ def normalize_frame(data: bytes | memoryview, wirelen: int, f: L3Fields) -> tupl
         plen = max(plen, 0)
         head = data[o:o + 4] + struct.pack("!HB", plen, f.l4_proto if e else data[o + 6]) + data[o + 7:o + 40]
         data = data[:o] + head + data[o + IPV6_HDR + e:]
-    if f.tunnel != TUNNEL_NONE:
+    if inner_ip(f):
         ver, u = outer_headers(data, f)
         ip_field = f.l2_len + (2 if ver == 4 else 4)
         for pos, total in ((ip_field, wirelen - f.l2_len - (0 if ver == 4 else IPV6_HDR)), (u + 4, wirelen - u)):
@@ -168,7 +174,7 @@ def outer_udp_batch(pb: PacketBatch, buf: np.ndarray, off: np.ndarray, caplen: n
     rows = np.asarray(rows, np.int64)
     n = rows.size
     ver_out, udp_out = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    t = np.flatnonzero(pb.tunnel[rows] != TUNNEL_NONE)
+    t = np.flatnonzero((pb.tunnel[rows] != TUNNEL_NONE) & (pb.l3_off[rows].astype(np.int64) > pb.l2_len[rows]))
     if t.size == 0:
         return ver_out, udp_out
     r = rows[t]
@@ -195,7 +201,7 @@ def why_not_batch(pb: PacketBatch, rows: np.ndarray, caplen: np.ndarray, outer_v
     ver, l3, st = pb.ip_version[rows], pb.l3_off[rows].astype(np.int64), pb.status[rows]
     hdr = np.where(ver == 6, pb.ip_hdr_len[rows].astype(np.int64), 20)
     conds = [((ver != 4) & (ver != 6)) | (l3 < 0) | ((st & (ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_TRUNC_L2)) != 0),
-             (pb.tunnel[rows] != TUNNEL_NONE) & (outer_ver == 0),
+             (pb.tunnel[rows] != TUNNEL_NONE) & (pb.l3_off[rows].astype(np.int64) > pb.l2_len[rows]) & (outer_ver == 0),
              (st & ST_IP_FRAGMENT) != 0,
              ((st & ST_TRUNC_L3) != 0) | (np.asarray(caplen, np.int64)[rows] < l3 + hdr)]
     return np.select(conds, np.arange(1, len(conds) + 1, dtype=np.int8), 0).astype(np.int8)
