@@ -326,8 +326,10 @@ class FilterAudit:
         self.truth_filters: dict[int, CompiledFilter] = {}
         self.rejected: dict[int, FilterError] = {}  # linktype -> libpcap's rejection
         self._compiled_any = False
-        self.candidates = [_Candidate("suggest", expr, snaplen), _Candidate("protochain", expr, snaplen)] \
-            if suggest else []
+        # the HBH form (what Linux BIG TCP writes), the protochain form, and the form for one extension header of
+        # any kind (tried when the HBH form does not verify)
+        self.candidates = [_Candidate("suggest", expr, snaplen), _Candidate("protochain", expr, snaplen),
+                           _Candidate("ext", expr, snaplen)] if suggest else []
         self.notes: list[str] = []
         # per-frame arrays are kept only for misclassified frames, so memory stays bounded on long captures;
         # the totals of the others are counters
@@ -511,7 +513,15 @@ class FilterAudit:
         return res
 
     def _pick_suggestion(self, res: AuditResult) -> None:
-        main, alt = self.candidates
+        main, alt, ext = self.candidates
+        if not main.ok and ext.ok:
+            main = ext
+            res.notes.append("the packets carry other extension headers than one Hop-by-Hop header: the suggestion "
+                             "also skips one routing, destination-options or AH header")
+        elif not main.ok and res.reasons.get(REASON_NAMES[R_EXT_HEADER]):
+            res.notes.append("no fixed-offset suggestion handles these packets' chains of extension headers (it "
+                             "handles one Hop-by-Hop, routing, destination-options or AH header); the "
+                             "protochain form below, when verified, walks any chain")
         texts = sorted(set(main.texts.values()))
         res.suggestions_by_linktype = main.texts
         res.suggestion_mismatches = main.mismatches

@@ -111,6 +111,7 @@ TABLE = [
     Row("len >= 64 and len <= 1500", "frame.len >= 64 and frame.len <= 1500"),
     Row("len > 65535", "frame.len > 65535"),
     Row("ip6 protochain 6", stack(f"{LINK}ipv6{ANYCHAIN}:tcp(:|$)")),
+    Row("ip6 proto 89", stack(f"{LINK}ipv6{CHAIN}:ospf(:|$)")),  # OSPFv3 behind AH
     Row("vlan", stack("^eth:ethertype:(vlan|ieee8021ad)(:|$)")),
     Row("vlan and vlan and tcp", stack(f"^eth:ethertype:(vlan|ieee8021ad):ethertype:(vlan|ieee8021ad):ethertype:"
                                        f"(ip|ipv6{CHAIN}):tcp(:|$)")),
