@@ -506,8 +506,9 @@ class FilterAudit:
             res.notes.append(f"{self._n_skipped} frames that no BIG TCP encoding or extension header can affect were "
                              "not run through the filter: matched/truth count only the others, and the suggestion "
                              "was verified on those; 'bigtcp-pcap audit-filter' checks every frame")
-        differs = not res.clean or (res.normalized is not None and (res.normalized["missed"]
-                                                                     or res.normalized["false_matches"]))
+        # judged on the raw frame, a suggestion is for the normalized meaning, and only when that selects frames
+        differs = not res.clean or (res.normalized is not None and res.normalized["truth"] > 0
+                                    and (res.normalized["missed"] or res.normalized["false_matches"]))
         if differs and self.candidates:
             self._pick_suggestion(res)
         return res
