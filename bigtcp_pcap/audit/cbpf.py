@@ -11,6 +11,17 @@ One gap normalization cannot close: libpcap's ``tcp[...]``/``udp[...]`` indexing
 expression with an IPv6 branch added (suggest.rewrite mode 'truth'), run on the normalized copy, and those
 differences carry their own reason (``tcp_index_ipv4_only``), because they are not a BIG TCP problem.
 
+An expression that tests a header field the normalization rewrites (``ip[2:2] = 0``, ``ip6[6] = 0``, ``ip6
+proto 51``; normalize.raw_header_reads) asks about the frame as captured, so its truth is the raw verdict: it is
+reported as "tests the raw header; judged on the raw frame", with the normalized copy's verdict side by side
+(``AuditResult.normalized``) and, when the two differ, a suggestion for the normalized meaning.
+
+Frames whose verdict cannot be known are counted apart as ``not_audited`` (never as correctly classified): a
+frame that needs normalizing but cannot be normalized (an IP fragment, a header cut by the snaplen, a tunnel
+with an outer extension header), a frame of a link type the decoder does not read, and the frames of a link
+type libpcap rejects the expression for (``expression rejects all packets`` for ``ip6`` on raw IPv4); the last
+is an error only when the expression compiles for no link type of the capture, as ``tcpdump -r`` would fail.
+
 A suggested expression (suggest.py) is then run on every raw packet; it is reported as verified only when it
 gives the truth verdict on every one of them.
 """
@@ -28,21 +39,26 @@ from ..decode.schema import (
     BIGTCP_HBH_JUMBO,
     BIGTCP_V4_TOTLEN0,
     BIGTCP_V6_PLEN0,
+    ST_UNKNOWN_LINKTYPE,
     TUNNEL_NONE,
     PacketBatch,
 )
+from . import linktypes as LT
 from . import normalize as nz
 from .impact import FlowGroups, FlowTally, flow_groups
 from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet
 from .libpcap import load as load_libpcap
-from .suggest import LINK_HDR_LEN, has_l4_index, rewrite
+from .suggest import has_l4_index, rewrite
 
-OK, MISSED, FALSE_MATCH = 0, 1, 2
-VERDICT_NAMES = ("ok", "missed", "false_match")
-# reasons, in the order they are tried for a mis-classified frame
+OK, MISSED, FALSE_MATCH, NOT_AUDITED = 0, 1, 2, 3
+VERDICT_NAMES = ("ok", "missed", "false_match", "not_audited")
+# reasons, in the order they are tried for a mis-classified frame; then why a frame was not audited
 R_NONE, R_TCP_INDEX, R_UDP_INDEX, R_HBH_JUMBO, R_EXT_HEADER, R_V6_PLEN0, R_V4_TOTLEN0, R_OTHER = range(8)
+R_NOT_IP, R_TUNNEL, R_FRAGMENT, R_TRUNCATED, R_LINKTYPE, R_REJECTED = range(8, 14)
 REASON_NAMES = ("", "tcp_index_ipv4_only", "udp_index_ipv4_only", "ipv6_hbh_jumbo", "ipv6_ext_header", "v6_plen0",
-                "v4_totlen0", "other")
+                "v4_totlen0", "other", nz.SKIP_NOT_IP, nz.SKIP_TUNNEL, nz.SKIP_FRAGMENT, nz.SKIP_TRUNCATED,
+                "linktype_not_decoded", "filter_rejected_for_linktype")
+_SKIP_REASON = np.array([R_NONE, R_NOT_IP, R_TUNNEL, R_FRAGMENT, R_TRUNCATED], np.uint8)  # by why_not_batch code
 
 
 @dataclass
@@ -72,16 +88,21 @@ class AuditResult:
     linktypes: list[int]
     frames_total: int
     matched: int  # the raw filter's matches (what tcpdump would keep)
-    truth: int  # packets that should match
+    truth: int  # audited packets that should match
     missed: int
     false_matches: int
-    reasons: dict[str, int]
-    flows: list[FlowImpact]
-    frame: np.ndarray  # uint64, the misclassified frames (verdict != ok); totals are the counts above
-    verdict: np.ndarray  # uint8, VERDICT_NAMES codes
-    reason: np.ndarray  # uint8, REASON_NAMES codes (0 for ok)
-    raw_match: np.ndarray  # bool
-    truth_match: np.ndarray  # bool
+    not_audited_frames: int = 0  # frames whose verdict cannot be known (reasons in ``not_audited``)
+    judged_on: str = "normalized"  # "raw": the expression tests the raw header (``raw_header``)
+    raw_header: list[str] = field(default_factory=list)
+    normalized: dict | None = None  # judged_on "raw": the normalized copy's truth and the raw verdict's misses
+    rejected: dict[int, str] = field(default_factory=dict)  # linktype -> libpcap's message
+    reasons: dict[str, int] = field(default_factory=dict)
+    flows: list[FlowImpact] = field(default_factory=list)
+    frame: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # uint64, the misclassified frames (verdict != ok); totals are the counts above
+    verdict: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # uint8, VERDICT_NAMES codes
+    reason: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))  # uint8, REASON_NAMES (0 for ok)
+    raw_match: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    truth_match: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     suggestion: str | None = None
     suggestion_verified: bool | None = None
     suggestion_kernel_ok: bool | None = None  # False: needs userland filtering on Linux (backward jumps)
@@ -95,7 +116,13 @@ class AuditResult:
 
     @property
     def clean(self) -> bool:
+        """No audited frame is missed or falsely matched."""
         return self.missed == 0 and self.false_matches == 0
+
+    @property
+    def complete(self) -> bool:
+        """Every frame was audited (nothing counted apart as not audited)."""
+        return self.not_audited_frames == 0
 
     def misclassified_frames(self) -> list[dict]:
         idx = np.flatnonzero(self.verdict != OK)
@@ -115,6 +142,11 @@ class AuditResult:
             "truth": self.truth,
             "missed": self.missed,
             "false_matches": self.false_matches,
+            "not_audited_frames": self.not_audited_frames,
+            "judged_on": self.judged_on,
+            "raw_header": self.raw_header,
+            "normalized": self.normalized,
+            "rejected": {str(k): v for k, v in self.rejected.items()},
             "reasons": self.reasons,
             "suggestion": self.suggestion,
             "suggestion_verified": self.suggestion_verified,
@@ -134,7 +166,8 @@ class AuditResult:
         return doc
 
     def frames_table(self):
-        """Per-frame rows for ``filter_audit.parquet``: frame, verdict, reason, matched, truth."""
+        """Rows for ``filter_audit.parquet``: frame, verdict, reason, matched, truth of every frame whose verdict
+        is not ok (missed, false_match, not_audited); the ok frames are only counted."""
         import pyarrow as pa
 
         from ..output import arrow as A
@@ -158,24 +191,26 @@ class _Candidate:
         self.errors: list[str] = []
         self.unsupported: list[str] = []
 
-    def verdicts(self, linktype: int, rb_view) -> np.ndarray | None:
-        if linktype not in self.by_linktype:
-            rw = rewrite(self.expr, self.mode, LINK_HDR_LEN.get(linktype))
+    def verdicts(self, key: int, rb_view) -> np.ndarray | None:
+        if key not in self.by_linktype:
+            linktype, swapped = LT.split_key(key)
+            rw = rewrite(self.expr, self.mode, LT.header_len(linktype))
             self.changed |= rw.changed
             self.unsupported += [u for u in rw.unsupported if u not in self.unsupported]
             try:
-                cf = CompiledFilter(rw.text, linktype, self.snaplen)
+                cf = CompiledFilter(rw.text, linktype, self.snaplen, swapped)
                 self.kernel_ok &= cf.kernel_compatible
             except FilterError as e:
                 cf = None
-                self.errors.append(f"{rw.text}: {e.message}")
-            self.by_linktype[linktype] = (rw.text, cf)
-        cf = self.by_linktype[linktype][1]
+                self.errors.append(f"{rw.text}: {e.for_linktype()}")
+            self.by_linktype[key] = (rw.text, cf)
+        cf = self.by_linktype[key][1]
         return None if cf is None else cf.match_batch(*rb_view)
 
     @property
     def texts(self) -> dict[int, str]:
-        return {lt: t for lt, (t, _) in self.by_linktype.items()}
+        """The candidate's text per link type."""
+        return {LT.split_key(k)[0]: t for k, (t, _) in self.by_linktype.items()}
 
     @property
     def ok(self) -> bool:
@@ -201,6 +236,9 @@ class PreparedBatch:
     wire: np.ndarray
     lts: np.ndarray
     linktypes: list[int]
+    keys: np.ndarray  # linktypes.compile_key per row: the program that runs the row
+    key_list: list[int]
+    na_reason: np.ndarray  # uint8 per row: R_* why the row's verdict cannot be known, R_NONE when audited
     norm_idx: np.ndarray  # rows of pb that have a normalized copy
     nbuf: np.ndarray
     n_off: np.ndarray
@@ -224,6 +262,7 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
     if candidates_only and len(pb):
         v6 = pb.ip_version == 6
         need = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | ((pb.ip_version == 4) & (pb.ip_len_field == 0))
+        need |= (pb.tunnel != TUNNEL_NONE) | ((pb.status & ST_UNKNOWN_LINKTYPE) != 0)
         if l4_index:
             need |= v6
         idx = np.flatnonzero(need)
@@ -235,19 +274,31 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
     buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
     off = np.asarray(rb.off, dtype=np.int64)[:n]
     cap, wire, lts = pb.caplen.astype(np.int64), pb.wirelen.astype(np.int64), pb.linktype.astype(np.int64)
-    not_audited: Counter[str] = Counter()
-    # normalized copies of the frames whose encoding differs from a plain packet
+    keys = LT.compile_keys(lts, buf, off, cap)
+    # normalized copies of the frames whose encoding differs from a plain packet; tunnel frames are candidates
+    # for their outer length fields too
     v6 = pb.ip_version == 6
     v4 = pb.ip_version == 4
-    cand = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
     tunnel = pb.tunnel != TUNNEL_NONE
-    not_audited[nz.SKIP_TUNNEL] += int(tunnel.sum())
-    norm_idx, nbuf, n_off, n_cap, n_wire, why = nz.normalize_batch(pb, buf, off, cap, wire,
-                                                                   np.flatnonzero(cand & ~tunnel))
-    not_audited.update(why)
+    cand = np.flatnonzero((v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | (v4 & (pb.ip_len_field == 0))
+                          | tunnel)
+    ov, ou = nz.outer_udp_batch(pb, buf, off, cap, cand)
+    why = nz.why_not_batch(pb, cand, cap, ov)
+    na_reason = np.zeros(n, np.uint8)
+    na_reason[cand] = _SKIP_REASON[why]
+    na_reason[(pb.status & ST_UNKNOWN_LINKTYPE) != 0] = R_LINKTYPE
+    ok = why == 0
+    todo = cand[ok][nz.needs_normalizing_batch(pb, cand[ok], buf, off, ov[ok], ou[ok])]
+    norm_idx, nbuf, n_off, n_cap, n_wire = nz.normalize_rows(pb, buf, off, cap, wire, todo)
+    not_audited: Counter[str] = Counter()
+    if n:
+        for code, count in enumerate(np.bincount(na_reason, minlength=len(REASON_NAMES)).tolist()):
+            if code and count:
+                not_audited[REASON_NAMES[code]] += count
     linktypes = np.flatnonzero(np.bincount(lts)).tolist() if n else []  # (np.unique would import numpy.ma)
-    return PreparedBatch(pb, buf, off, cap, wire, lts, linktypes, norm_idx, nbuf, n_off, n_cap, n_wire, skipped,
-                         not_audited)
+    key_list = np.flatnonzero(np.bincount(keys)).tolist() if n else []
+    return PreparedBatch(pb, buf, off, cap, wire, lts, linktypes, keys, key_list, na_reason, norm_idx, nbuf, n_off,
+                         n_cap, n_wire, skipped, not_audited)
 
 
 class FilterAudit:
@@ -270,9 +321,15 @@ class FilterAudit:
         self.snaplen = snaplen
         self.filters = FilterSet(expr, snaplen)
         self.l4_index = has_l4_index(expr)
+        # an expression testing a field the normalization rewrites is judged on the raw frame
+        self.raw_header = nz.raw_header_reads(expr)
         self.truth_filters: dict[int, CompiledFilter] = {}
-        self.candidates = [_Candidate("suggest", expr, snaplen), _Candidate("protochain", expr, snaplen)] \
-            if suggest else []
+        self.rejected: dict[int, FilterError] = {}  # linktype -> libpcap's rejection
+        self._compiled_any = False
+        # the HBH form (what Linux BIG TCP writes), the protochain form, and the form for one extension header of
+        # any kind (tried when the HBH form does not verify)
+        self.candidates = [_Candidate("suggest", expr, snaplen), _Candidate("protochain", expr, snaplen),
+                           _Candidate("ext", expr, snaplen)] if suggest else []
         self.notes: list[str] = []
         # per-frame arrays are kept only for misclassified frames, so memory stays bounded on long captures;
         # the totals of the others are counters
@@ -285,27 +342,32 @@ class FilterAudit:
         self._reason: list[np.ndarray] = []
         self._raw: list[np.ndarray] = []
         self._truth: list[np.ndarray] = []
+        self._n_alt_truth = 0  # raw-header expressions: the normalized copy's verdicts, side by side
+        self._n_alt_missed = 0
+        self._n_alt_false = 0
+        self._n_not_audited = 0
         self._tally = FlowTally(("missed", "false_matches"))
         self._not_audited: Counter[str] = Counter()
         self._linktypes: set[int] = set()
 
     # -- truth program (tcp[]/udp[] on IPv6) --
-    def _truth_filter(self, linktype: int) -> CompiledFilter:
-        cf = self.truth_filters.get(linktype)
+    def _truth_filter(self, key: int) -> CompiledFilter:
+        cf = self.truth_filters.get(key)
+        linktype, swapped = LT.split_key(key)
         if cf is None:
             rw = rewrite(self.expr, "truth")
             if rw.unsupported or not rw.changed:
                 self.notes.append("tcp[]/udp[] indexing is IPv4-only in libpcap and this expression could not be "
                                   "extended to IPv6, so IPv6 packets are judged by libpcap's own reading")
-                cf = self.filters.for_linktype(linktype)
+                cf = self.filters.for_key(key)
             else:
                 try:
-                    cf = CompiledFilter(rw.text, linktype, self.snaplen)
+                    cf = CompiledFilter(rw.text, linktype, self.snaplen, swapped)
                 except FilterError as e:
                     self.notes.append(f"could not compile the IPv6-extended truth expression {rw.text!r}: "
-                                      f"{e.message}")
-                    cf = self.filters.for_linktype(linktype)
-            self.truth_filters[linktype] = cf
+                                      f"{e.for_linktype()}")
+                    cf = self.filters.for_key(key)
+            self.truth_filters[key] = cf
         return cf
 
     @property
@@ -320,53 +382,72 @@ class FilterAudit:
         """Audit one batch prepared by ``prepare_batch`` (shared by every audit with the same selection)."""
         self._n_frames += b.skipped
         self._n_skipped += b.skipped
-        self._not_audited.update(b.not_audited)
         n = len(b.pb)
         if n == 0:
             return
-        pb, buf, off, cap, wire, lts = b.pb, b.buf, b.off, b.cap, b.wire, b.lts
+        pb, buf, off, cap, wire, keys = b.pb, b.buf, b.off, b.cap, b.wire, b.keys
         norm_idx, nbuf, n_off, n_cap, n_wire = b.norm_idx, b.nbuf, b.n_off, b.n_cap, b.n_wire
         self._linktypes.update(b.linktypes)
 
         raw = np.zeros(n, bool)
         norm = np.zeros(n, bool)
-        truth = np.zeros(n, bool)
+        truth = np.zeros(n, bool)  # the normalized truth (tcp[]/udp[] extended to IPv6)
+        na = b.na_reason.copy()
         cand_match = {id(c): np.zeros(n, bool) for c in self.candidates}
-        for lt in b.linktypes:
-            sel = np.flatnonzero(lts == lt)
+        for key in b.key_list:
+            sel = np.flatnonzero(keys == key)
+            try:
+                cf = self.filters.for_key(key)
+            except FilterError as e:
+                self.rejected.setdefault(LT.split_key(key)[0], e)
+                na[sel] = R_REJECTED
+                continue
+            self._compiled_any = True
             view = (buf, off[sel], cap[sel], wire[sel])
-            nsel_mask = lts[norm_idx] == lt
+            nsel_mask = keys[norm_idx] == key
             nsel = norm_idx[nsel_mask]
             nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
-            cf = self.filters.for_linktype(lt)
             raw[sel] = cf.match_batch(*view)
             norm[sel] = raw[sel]
             norm[nsel] = cf.match_batch(*nview)
             if self.l4_index:
-                tf = self._truth_filter(lt)
+                tf = self._truth_filter(key)
                 truth[sel] = tf.match_batch(*view)
                 truth[nsel] = tf.match_batch(*nview)
             else:
                 truth[sel] = norm[sel]
             for c in self.candidates:
-                v = c.verdicts(lt, view)
+                v = c.verdicts(key, view)
                 if v is not None:
                     cand_match[id(c)][sel] = v
+        audited = na == R_NONE
         for c in self.candidates:
-            c.mismatches += int((cand_match[id(c)] != truth).sum())
+            c.mismatches += int((cand_match[id(c)] != truth)[audited].sum())
+        if self.raw_header:  # judged on the raw frame; the normalized verdict goes side by side
+            alt = truth
+            self._n_alt_truth += int(alt[audited].sum())
+            self._n_alt_missed += int((alt & ~raw)[audited].sum())
+            self._n_alt_false += int((raw & ~alt)[audited].sum())
+            truth = raw
 
         verdict = np.where(raw == truth, OK, np.where(truth, MISSED, FALSE_MATCH)).astype(np.uint8)
         reason = self._reasons(pb, verdict != OK, norm != truth)
+        verdict[~audited] = NOT_AUDITED
+        reason[~audited] = na[~audited]
+        for code, count in enumerate(np.bincount(na, minlength=len(REASON_NAMES)).tolist()):
+            if code and count:
+                self._not_audited[REASON_NAMES[code]] += count
         keep = verdict != OK
         self._n_frames += n
+        self._n_not_audited += int((~audited).sum())
         self._n_raw += int(raw.sum())
-        self._n_truth += int(truth.sum())
+        self._n_truth += int(truth[audited].sum())
         self._frames.append(pb.frame[keep].astype(np.uint64))
         self._verdict.append(verdict[keep])
         self._reason.append(reason[keep])
         self._raw.append(raw[keep])
         self._truth.append(truth[keep])
-        bad = np.flatnonzero(verdict != OK)
+        bad = np.flatnonzero((verdict == MISSED) | (verdict == FALSE_MATCH))
         if bad.size:
             self._tally.add(pb, bad, b.flow_groups(), missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
 
@@ -394,31 +475,54 @@ class FilterAudit:
 
     def result(self) -> AuditResult:
         """The audit so far. With no frames at all, the expression is still compiled (for Ethernet), so that a
-        bad expression is reported whatever the capture holds."""
+        bad expression is reported whatever the capture holds. Raises FilterError (with the link type) when
+        libpcap rejected the expression for every link type met."""
         if not self._linktypes:
             self.filters.for_linktype(1)
+        elif not self._compiled_any and self.rejected:
+            raise next(iter(self.rejected.values()))
         cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
         frame, verdict, reason = cat(self._frames, np.uint64), cat(self._verdict, np.uint8), cat(self._reason, np.uint8)
         raw, truth = cat(self._raw, bool), cat(self._truth, bool)
-        codes, counts = np.unique(reason[verdict != OK], return_counts=True)
+        codes, counts = np.unique(reason[(verdict == MISSED) | (verdict == FALSE_MATCH)], return_counts=True)
         reasons = Counter({REASON_NAMES[int(r)]: int(c) for r, c in zip(codes, counts)})
         res = AuditResult(
             expr=self.expr, linktypes=sorted(self._linktypes), frames_total=self._n_frames,
             matched=self._n_raw, truth=self._n_truth, missed=int((verdict == MISSED).sum()),
-            false_matches=int((verdict == FALSE_MATCH).sum()), reasons=dict(reasons.most_common()),
+            false_matches=int((verdict == FALSE_MATCH).sum()), not_audited_frames=self._n_not_audited,
+            reasons=dict(reasons.most_common()),
             flows=self._flows(), frame=frame, verdict=verdict, reason=reason, raw_match=raw, truth_match=truth,
             not_audited={k: v for k, v in self._not_audited.items() if v}, notes=list(dict.fromkeys(self.notes)),
-            frames_skipped=self._n_skipped)
+            frames_skipped=self._n_skipped,
+            rejected={lt: e.message for lt, e in self.rejected.items()})
+        for lt, e in self.rejected.items():
+            res.notes.append(f"libpcap rejects this expression for linktype {LT.name(lt)} ({e.message}): its "
+                             f"{self._not_audited.get(REASON_NAMES[R_REJECTED], 0)} frames were not audited")
+        if self.raw_header:
+            res.judged_on, res.raw_header = "raw", list(self.raw_header)
+            res.normalized = {"truth": self._n_alt_truth, "missed": self._n_alt_missed,
+                              "false_matches": self._n_alt_false}
         if self._n_skipped:
             res.notes.append(f"{self._n_skipped} frames that no BIG TCP encoding or extension header can affect were "
                              "not run through the filter: matched/truth count only the others, and the suggestion "
                              "was verified on those; 'bigtcp-pcap audit-filter' checks every frame")
-        if not res.clean and self.candidates:
+        # judged on the raw frame, a suggestion is for the normalized meaning, and only when that selects frames
+        differs = not res.clean or (res.normalized is not None and res.normalized["truth"] > 0
+                                    and (res.normalized["missed"] or res.normalized["false_matches"]))
+        if differs and self.candidates:
             self._pick_suggestion(res)
         return res
 
     def _pick_suggestion(self, res: AuditResult) -> None:
-        main, alt = self.candidates
+        main, alt, ext = self.candidates
+        if not main.ok and ext.ok:
+            main = ext
+            res.notes.append("the packets carry other extension headers than one Hop-by-Hop header: the suggestion "
+                             "also skips one routing, destination-options or AH header")
+        elif not main.ok and res.reasons.get(REASON_NAMES[R_EXT_HEADER]):
+            res.notes.append("no fixed-offset suggestion handles these packets' chains of extension headers (it "
+                             "handles one Hop-by-Hop, routing, destination-options or AH header); the "
+                             "protochain form below, when verified, walks any chain")
         texts = sorted(set(main.texts.values()))
         res.suggestions_by_linktype = main.texts
         res.suggestion_mismatches = main.mismatches

@@ -640,7 +640,7 @@ class EbpfAudit:
             expect, _ = nz.normalize_frame(raw_out, wire, f)
             return expect != norm_out
         g = _decode_one(raw_out, wire + len(raw_out) - len(raw_in))
-        if g is None or nz.why_not(g, len(raw_out)) is not None:
+        if g is None or nz.why_not(g, raw_out) is not None:
             self._not_audited["output_not_normalizable"] += 1
             return (len(raw_out) - len(raw_in)) != (len(norm_out) - len(norm_in))
         expect = nz.normalize_frame(raw_out, wire, g)[0] if nz.needs_normalizing(g, raw_out) else raw_out
@@ -688,7 +688,7 @@ class EbpfAudit:
             if not cand[i]:
                 continue
             f = nz.L3Fields.from_batch(pb, i)
-            why = nz.why_not(f, len(data))
+            why = nz.why_not(f, data)
             if why is not None:
                 self._not_audited[why] += 1
                 continue

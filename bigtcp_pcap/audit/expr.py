@@ -187,6 +187,25 @@ Item = Tok | Load
 Node = Bool | Not | Group | Prim | Rel
 
 
+def leaves(node: Node) -> list[Prim | Rel]:
+    """The primitives and relations of a tree, left to right."""
+    if isinstance(node, Bool):
+        return leaves(node.left) + leaves(node.right)
+    if isinstance(node, (Not, Group)):
+        return leaves(node.child)
+    return [node]
+
+
+def relations(node: Node) -> list[Rel]:
+    """The relations of a tree, left to right."""
+    return [n for n in leaves(node) if isinstance(n, Rel)]
+
+
+def primitives(node: Node) -> list[Prim]:
+    """The qualifier primitives of a tree, left to right."""
+    return [n for n in leaves(node) if isinstance(n, Prim)]
+
+
 # --- parser ---------------------------------------------------------------------------------------------------
 class _Parser:
     def __init__(self, s: str):

@@ -7,6 +7,14 @@ libpcap's own (bpfvm.py), because a ctypes call per packet cost ~0.55 us; ``matc
 Packets are never read with ``pcap_open_offline``: libpcap 1.10 refuses pcapng files that mix linktypes
 (ecosystem.md section 1a), and our reader already gives us the bytes, caplen and the true wire length.
 
+The compile itself runs against a savefile, as ``tcpdump -r`` does: a 24-byte pcap header (the link type,
+the writer's byte order) opened with ``pcap_fopen_offline`` from memory. libpcap compiles some primitives
+differently for savefiles and for live captures (``pcap_open_dead`` counts as live): on DLT_NULL/DLT_LOOP
+``ip6`` tests all three BSD AF_INET6 values (24, 28, 30) instead of this host's AF_INET6 (10 on Linux), NULL's
+host-byte-order family is compared in the file writer's byte order, and ``inbound``/``outbound`` are refused
+on link types without a direction field instead of becoming a load that fails offline. The netmask is 0, as
+tcpdump passes when it reads a file (so ``ip broadcast`` compiles as it does there).
+
 Why not a PyPI binding: cypcap and pcapy-ng bundle their own libpcap, pypcap/pcap-ct have wrong wirelen or
 shared-state bugs (ecosystem.md section 1a); the system library is the one tcpdump uses and is ~40 lines away.
 """
@@ -15,17 +23,20 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import struct
+import sys
+import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 
 from . import bpfvm
+from . import linktypes as LT
 
 PCAP_NETMASK_UNKNOWN = 0xFFFFFFFF
+SAVEFILE_NETMASK = 0  # what tcpdump -r passes to pcap_compile (no interface to look a netmask up on)
 PCAP_ERRBUF_SIZE = 256
 DEFAULT_SNAPLEN = 262144
-# pcap file LINKTYPE_* values whose DLT_* value differs (pcap-common.c linktype_to_dlt); the rest are equal
-_LINKTYPE_TO_DLT = {101: 12, 14: 12}
 _LIB_NAMES = ("libpcap.so.0.8", "libpcap.so.1", "libpcap.so", "libpcap.dylib")
 INSTALL_HINT = "install it with: apt-get install libpcap0.8"
 
@@ -47,6 +58,11 @@ class FilterError(ValueError):
         self.message = message
         self.linktype = linktype
         super().__init__(message)
+
+    def for_linktype(self) -> str:
+        """libpcap's text followed by the link type it was compiled for: 'expression rejects all packets
+        (linktype 228 (IPV4))'."""
+        return self.message if self.linktype is None else f"{self.message} (linktype {LT.name(self.linktype)})"
 
 
 class BpfInsn(ctypes.Structure):
@@ -86,6 +102,10 @@ def load() -> ctypes.CDLL:
         raise LibpcapMissing(errors[-1] if errors else "")
     lib.pcap_open_dead.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.pcap_open_dead.restype = ctypes.c_void_p
+    lib.pcap_open_offline.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.pcap_open_offline.restype = ctypes.c_void_p
+    lib.pcap_fopen_offline.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.pcap_fopen_offline.restype = ctypes.c_void_p
     lib.pcap_compile.argtypes = [ctypes.c_void_p, ctypes.POINTER(BpfProgram), ctypes.c_char_p, ctypes.c_int,
                                  ctypes.c_uint32]
     lib.pcap_compile.restype = ctypes.c_int
@@ -112,26 +132,73 @@ def version() -> str:
     return load().pcap_lib_version().decode()
 
 
-def linktype_to_dlt(linktype: int) -> int:
-    """The DLT_* value pcap_open_dead wants for a pcap/pcapng LINKTYPE_* value."""
-    return _LINKTYPE_TO_DLT.get(int(linktype), int(linktype))
+def _fmemopen():
+    """libc's fmemopen, or None (then the header goes through a temporary file)."""
+    try:
+        libc = ctypes.CDLL(None)
+        f = libc.fmemopen
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    f.restype = ctypes.c_void_p
+    return f
+
+
+_FMEMOPEN = _fmemopen()
+
+
+def savefile_header(linktype: int, snaplen: int, swapped: bool = False) -> bytes:
+    """The 24-byte pcap file header of a capture written by a host of this byte order (or of the other one
+    when ``swapped``) with ``linktype``; the link type is the one libpcap is told for it (linktypes.py)."""
+    little = (sys.byteorder == "little") != bool(swapped)
+    return struct.pack("<IHHiIII" if little else ">IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, snaplen,
+                       LT.savefile_linktype(linktype))
+
+
+def open_savefile(linktype: int, snaplen: int, swapped: bool = False) -> int:
+    """A pcap_t for an empty savefile with this link type and writer byte order (libpcap reads only the header
+    at open). The caller closes it with pcap_close (which also closes the stream)."""
+    lib = load()
+    hdr = savefile_header(linktype, snaplen, swapped)
+    errbuf = ctypes.create_string_buffer(PCAP_ERRBUF_SIZE)
+    if _FMEMOPEN is not None:
+        data = ctypes.create_string_buffer(hdr, len(hdr))
+        fp = _FMEMOPEN(data, len(hdr), b"rb")
+        if fp:
+            handle = lib.pcap_fopen_offline(fp, errbuf)
+            if handle:
+                return handle
+            ctypes.CDLL(None).fclose(ctypes.c_void_p(fp))
+            raise OSError(errbuf.value.decode(errors="replace"))
+    with tempfile.NamedTemporaryFile(suffix=".pcap") as tmp:
+        tmp.write(hdr)
+        tmp.flush()
+        handle = lib.pcap_open_offline(tmp.name.encode(), errbuf)
+    if not handle:
+        raise OSError(errbuf.value.decode(errors="replace"))
+    return handle
 
 
 class CompiledFilter:
-    """One filter expression compiled by libpcap for one linktype (optimize=1, netmask unknown, as tcpdump)."""
+    """One filter expression compiled by libpcap for one linktype as ``tcpdump -r`` compiles it for a file of
+    that link type (a savefile handle, optimize=1, netmask 0). ``swapped``: the file was written by a host of
+    the other byte order (matters for DLT_NULL only)."""
 
-    def __init__(self, expr: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN):
+    def __init__(self, expr: str, linktype: int, snaplen: int = DEFAULT_SNAPLEN, swapped: bool = False):
         lib = load()
         self.expr = expr
         self.linktype = int(linktype)
+        self.swapped = bool(swapped)
         self._lib = lib
         self._prog = BpfProgram()
         self._hdr = PcapPkthdr()
-        handle = lib.pcap_open_dead(linktype_to_dlt(linktype), snaplen)
-        if not handle:
-            raise FilterError(expr, f"pcap_open_dead failed for linktype {linktype}", linktype)
         try:
-            rc = lib.pcap_compile(handle, ctypes.byref(self._prog), expr.encode(), 1, PCAP_NETMASK_UNKNOWN)
+            handle = open_savefile(linktype, snaplen, swapped)
+        except OSError as e:
+            raise FilterError(expr, str(e) or f"libpcap cannot open a savefile of linktype {linktype}",
+                              linktype) from None
+        try:
+            rc = lib.pcap_compile(handle, ctypes.byref(self._prog), expr.encode(), 1, SAVEFILE_NETMASK)
             if rc != 0:
                 raise FilterError(expr, lib.pcap_geterr(handle).decode(errors="replace"), linktype)
         finally:
@@ -213,26 +280,34 @@ class CompiledFilter:
 
 
 class FilterSet:
-    """One expression compiled lazily for each linktype met (a pcapng file may mix linktypes)."""
+    """One expression compiled lazily for each (linktype, writer byte order) met (a pcapng file may mix
+    linktypes). Keys are ``linktypes.compile_key`` values."""
 
     def __init__(self, expr: str, snaplen: int = DEFAULT_SNAPLEN):
         self.expr = expr
         self.snaplen = snaplen
-        self._by_linktype: dict[int, CompiledFilter] = {}
+        self._by_key: dict[int, CompiledFilter] = {}
 
-    def for_linktype(self, linktype: int) -> CompiledFilter:
-        f = self._by_linktype.get(int(linktype))
+    def for_linktype(self, linktype: int, swapped: bool = False) -> CompiledFilter:
+        """The program for frames of ``linktype`` (raises FilterError with the link type on rejection)."""
+        key = LT.compile_key(linktype, swapped)
+        f = self._by_key.get(key)
         if f is None:
-            f = self._by_linktype[int(linktype)] = CompiledFilter(self.expr, int(linktype), self.snaplen)
+            f = self._by_key[key] = CompiledFilter(self.expr, int(linktype), self.snaplen, swapped)
         return f
+
+    def for_key(self, key: int) -> CompiledFilter:
+        """``for_linktype`` by compile key."""
+        return self.for_linktype(*LT.split_key(key))
 
     def match_batch(self, buf: np.ndarray, offsets: np.ndarray, caplens: np.ndarray, wirelens: np.ndarray,
                     linktypes: np.ndarray) -> np.ndarray:
         """Like ``CompiledFilter.match_batch`` with a per-packet linktype column."""
         out = np.zeros(len(offsets), dtype=bool)
-        linktypes = np.asarray(linktypes)
-        for lt in np.flatnonzero(np.bincount(linktypes)).tolist():  # np.unique imports numpy.ma
-            sel = np.flatnonzero(linktypes == lt)
-            out[sel] = self.for_linktype(lt).match_batch(buf, np.asarray(offsets)[sel], np.asarray(caplens)[sel],
-                                                         np.asarray(wirelens)[sel])
+        buf = np.ascontiguousarray(buf, dtype=np.uint8)
+        offsets, caplens = np.asarray(offsets, np.int64), np.asarray(caplens, np.int64)
+        keys = LT.compile_keys(np.asarray(linktypes), buf, offsets, caplens)
+        for key in np.flatnonzero(np.bincount(keys)).tolist():  # np.unique imports numpy.ma
+            sel = np.flatnonzero(keys == key)
+            out[sel] = self.for_key(key).match_batch(buf, offsets[sel], caplens[sel], np.asarray(wirelens)[sel])
         return out

@@ -19,6 +19,9 @@ Rewrites (offsets relative to the IPv6 header; the HBH header is ``(ip6[41]+1)*8
   L2 is the link header length of the linktype, so these suggestions depend on it.
 * ``mode='protochain'``: protocol-only primitives become ``X or ip6 protochain N`` instead (walks any chain of
   extension headers, but is userland-only on Linux: the kernel rejects its backward jump).
+* ``mode='ext'``: the HBH branches also take one routing or destination-options header (same length rule,
+  ``(ip6[41]+1)*8``) and add one for a single AH header (``(ip6[41]+2)*4``: L4 at ``48+ip6[41]*4``). Tried
+  when the HBH form does not verify; a chain of two or more extension headers has no fixed-offset form here.
 """
 
 from __future__ import annotations
@@ -27,27 +30,26 @@ import socket
 from dataclasses import dataclass, field
 
 from .expr import (
-    Bool,
     ExprSyntaxError,
-    Group,
     Load,
-    Node,
-    Not,
     Prim,
     Rel,
     const_value,
     emit,
     parse,
+    relations,
     render_items,
     render_load,
 )
 
 IPPROTO = {"tcp": 6, "udp": 17, "sctp": 132, "icmp6": 58}
 PORT_PROTOS = {"tcp": (6,), "udp": (17,), "sctp": (132,), None: (6, 17, 132)}
-HBH_L4 = "48+ip6[41]*8"  # L4 offset after exactly one Hop-by-Hop header
 # link header length by LINKTYPE (pcap-linktype(7)): EN10MB, NULL, LOOP, RAW (12, 14, 101), IPV4, IPV6, SLL, SLL2
 LINK_HDR_LEN = {1: 14, 0: 4, 108: 4, 12: 0, 14: 0, 101: 0, 228: 0, 229: 0, 113: 16, 276: 20}
-MODES = ("truth", "suggest", "protochain")
+MODES = ("truth", "suggest", "protochain", "ext")
+# the extension headers a fixed-offset branch can skip, by mode: (next-header test, length unit in octets)
+EXT_BRANCHES = {"suggest": [("ip6[6]=0", 8)],
+                "ext": [("(ip6[6]=0 or ip6[6]=43 or ip6[6]=60)", 8), ("ip6[6]=51", 4)]}
 
 
 @dataclass
@@ -82,15 +84,7 @@ def has_l4_index(expr: str) -> bool:
         tree = parse(expr)
     except ExprSyntaxError:
         return "tcp[" in expr.replace(" ", "") or "udp[" in expr.replace(" ", "")
-    return any(len(p) == 1 and p <= {"tcp", "udp"} for p in ({ld.proto for ld in r.loads()} for r in _rels(tree)))
-
-
-def _rels(node: Node) -> list[Rel]:
-    if isinstance(node, Bool):
-        return _rels(node.left) + _rels(node.right)
-    if isinstance(node, (Not, Group)):
-        return _rels(node.child)
-    return [node] if isinstance(node, Rel) else []
+    return any(len(p) == 1 and p <= {"tcp", "udp"} for p in ({ld.proto for ld in r.loads()} for r in relations(tree)))
 
 
 def _port_number(name: str, protos: tuple[int, ...]) -> int | None:
@@ -109,11 +103,11 @@ def _port_number(name: str, protos: tuple[int, ...]) -> int | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _l4_offset(extra: str | int) -> str:
-    """``48+ip6[41]*8`` plus a constant or an expression (constant-folded when possible)."""
+def _l4_offset(extra: str | int, unit: int = 8) -> str:
+    """``48+ip6[41]*8`` (``*4`` after AH) plus a constant or an expression (constant-folded when possible)."""
     if isinstance(extra, int):
-        return f"{48 + extra}+ip6[41]*8"
-    return f"{HBH_L4}+({extra})"
+        return f"{48 + extra}+ip6[41]*{unit}"
+    return f"48+ip6[41]*{unit}+({extra})"
 
 
 class _Rewriter:
@@ -138,16 +132,17 @@ class _Rewriter:
         if nh is not None:
             if self.mode == "protochain":
                 return self._changed(f"{orig} or ip6 protochain {nh}")
-            return self._changed(f"{orig} or (ip6[6]=0 and ip6[40]={nh})")
+            return self._changed(" or ".join([orig] + [f"({c} and ip6[40]={nh})" for c, _ in self.branches]))
         if p.kind in ("port", "portrange") and p.proto in PORT_PROTOS and len(p.ids) == 1:
             protos = PORT_PROTOS[p.proto]
-            test = self._port_test(p, protos)
-            if test is None:
+            tests = [self._port_test(p, protos, unit) for _, unit in self.branches]
+            if tests[0] is None:
                 self.unsupported.append(f"{orig}: port name not resolvable to one number")
                 return orig
             nh_test = " or ".join(f"ip6[40]={n}" for n in protos)
             nh_test = f"({nh_test})" if len(protos) > 1 else nh_test
-            return self._changed(f"{orig} or (ip6[6]=0 and {nh_test} and {test})")
+            return self._changed(" or ".join([orig] + [f"({c} and {nh_test} and {t})"
+                                                       for (c, _), t in zip(self.branches, tests)]))
         return orig
 
     @staticmethod
@@ -165,9 +160,14 @@ class _Rewriter:
                 return None
         return None
 
+    @property
+    def branches(self) -> list[tuple[str, int]]:
+        """(next-header test, length unit) of the extension headers this mode's branches skip."""
+        return EXT_BRANCHES.get(self.mode, EXT_BRANCHES["suggest"])
+
     @staticmethod
-    def _port_test(p: Prim, protos: tuple[int, ...]) -> str | None:
-        src, dst = f"ip6[{_l4_offset(0)}:2]", f"ip6[{_l4_offset(2)}:2]"
+    def _port_test(p: Prim, protos: tuple[int, ...], unit: int = 8) -> str | None:
+        src, dst = f"ip6[{_l4_offset(0, unit)}:2]", f"ip6[{_l4_offset(2, unit)}:2]"
         if p.kind == "port":
             port = _port_number(p.ids[0], protos)
             if port is None:
@@ -195,8 +195,9 @@ class _Rewriter:
         if self.mode == "truth":
             return r.text
         if protos == {"icmp6"}:
-            return self._changed(f"{r.text} or (ip6[6]=0 and ip6[40]=58 and "
-                                 f"{self._render(r, {'icmp6': self._hbh_load})})")
+            return self._changed(" or ".join([r.text] + [
+                f"({c} and ip6[40]=58 and {self._render(r, {'icmp6': self._ext_load(unit)})})"
+                for c, unit in self.branches]))
         if "ip" in protos and any(self._is(ld, "ip", 2, 2) for ld in loads):
             return self._length_field(r, "ip", 2)
         if protos == {"ip6"} and any(self._is(ld, "ip6", 4, 2) for ld in loads):
@@ -229,17 +230,23 @@ class _Rewriter:
         return f
 
     @staticmethod
-    def _hbh_load(ld: Load, fn) -> str:
-        k = const_value(ld.index)
-        idx = _l4_offset(k if k is not None else render_items(ld.index, fn))
-        return f"ip6[{idx}]" if ld.size == 1 else f"ip6[{idx}:{ld.size}]"
+    def _ext_load(unit: int):
+        """proto[e:s] -> ip6[L4+e:s] behind one extension header of ``unit``-octet length units."""
+
+        def f(ld: Load, fn) -> str:
+            k = const_value(ld.index)
+            idx = _l4_offset(k if k is not None else render_items(ld.index, fn), unit)
+            return f"ip6[{idx}]" if ld.size == 1 else f"ip6[{idx}:{ld.size}]"
+
+        return f
 
     def _l4_index(self, r: Rel, proto: str) -> str:
         nh = IPPROTO[proto]
         plain = self._render(r, {proto: self._v6_load(40)})
         parts = [r.text, f"(ip6[6]={nh} and {plain})"]
         if self.mode != "truth":
-            parts.append(f"(ip6[6]=0 and ip6[40]={nh} and {self._render(r, {proto: self._hbh_load})})")
+            parts += [f"({c} and ip6[40]={nh} and {self._render(r, {proto: self._ext_load(unit)})})"
+                      for c, unit in self.branches]
         return self._changed(" or ".join(parts))
 
     def _length_field(self, r: Rel, proto: str, index: int) -> str:

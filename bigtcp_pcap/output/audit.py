@@ -2,7 +2,11 @@
 
 With explicit expressions every one is audited and reported. Without, ``tcp``, ``ip6 and tcp`` and
 ``tcp port P`` (P: the port carrying most TCP payload in the first batch) are audited and only those that
-mis-parse something are reported. Without libpcap the stage is skipped with a note.
+mis-parse something (or could not audit some frames) are reported. Without libpcap the stage is skipped with a
+note. The default audit never ends a run: a default filter libpcap rejects for the capture's link type (``ip6
+and tcp`` on raw IPv4) is reported as not audited. An explicit filter libpcap rejects for every link type of the
+capture is a usage error, as ``tcpdump -r`` would refuse it; rejected for some link types only, it is audited
+on the others and the rest is counted as not audited.
 """
 
 from __future__ import annotations
@@ -32,12 +36,15 @@ def busiest_port(pb: PacketBatch) -> int | None:
 
 
 class FilterAudits:
+    """The filter audits of one ``analyze`` run: started on the first batch, fed every batch, finished once."""
+
     def __init__(self, filters: list[str] | None, enabled: bool = True):
         self.explicit = filters is not None
         self.exprs = list(filters) if filters else []
         self.enabled = enabled and (self.explicit or True)
         self.audits: list[FilterAudit] = []
         self.note: str | None = None
+        self.rejected: list[str] = []  # default filters libpcap rejected for every link type of the capture
         self._started = False
 
     def _start(self, pb: PacketBatch) -> None:
@@ -68,19 +75,28 @@ class FilterAudits:
             kind = (a.candidates_only, a.l4_index)
             if kind not in prepared:
                 prepared[kind] = prepare_batch(rb, pb, *kind)
-            try:
-                a.feed_prepared(prepared[kind])
-            except FilterError as e:
-                raise UsageError(f"filter {a.expr!r}: {e}") from None
+            a.feed_prepared(prepared[kind])
 
     def finish(self) -> list:
-        results = [a.result() for a in self.audits]
+        """The results to report (the default audit's: only those that found something)."""
+        results = []
+        for a in self.audits:
+            try:
+                results.append(a.result())
+            except FilterError as e:
+                if self.explicit:
+                    raise UsageError(f"filter {a.expr!r}: {e.for_linktype()}") from None
+                self.rejected.append(a.expr)
+                note = f"filter {a.expr!r} not audited: libpcap: {e.for_linktype()}"
+                self.note = note if self.note is None else f"{self.note}; {note}"
         if not self.explicit:
-            results = [r for r in results if not r.clean]
+            results = [r for r in results if not r.clean or not r.complete]
         return results
 
     def summary(self, results: list) -> dict:
-        return {"audited": self.exprs if self.audits else [], "note": self.note,
+        """The ``filter_audit`` part of summary.json."""
+        audited = [e for e in self.exprs if e not in self.rejected] if self.audits else []
+        return {"audited": audited, "note": self.note,
                 "results": [r.to_json(frames=False) for r in results]}
 
 

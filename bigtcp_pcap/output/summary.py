@@ -77,7 +77,10 @@ def render(summary: dict, console: Console) -> None:
         counts = "" if r.get("frames_skipped") else f"matched {_n(r['matched'])} of {_n(r['truth'])} true, "
         console.print(f"filter [bold]{r['expr']}[/]: {verdict}: {counts}missed {_n(r['missed'])}, "
                       f"false matches {_n(r['false_matches'])} "
-                      f"({', '.join(f'{k} {v}' for k, v in r['reasons'].items()) or 'no reasons'})",
+                      f"({', '.join(f'{k} {v}' for k, v in r['reasons'].items()) or 'no reasons'})"
+                      + (f", not audited {_n(r['not_audited_frames'])} ("
+                         + ", ".join(f"{k} {v}" for k, v in r["not_audited"].items()) + ")"
+                         if r.get("not_audited_frames") else ""),
                       highlight=False)
         if r.get("suggestion"):
             console.print(f"    use instead: {r['suggestion']}", highlight=False, markup=False)

@@ -116,6 +116,13 @@ def tcpdump_error(expr: str) -> str:
     return line.removeprefix("tcpdump: ")
 
 
+def misjudged(r) -> bool:
+    """The audit found frames the filter gets wrong: mis-classified, or (judged on the raw frame) frames the
+    normalized copy judges differently."""
+    n = r.normalized or {}
+    return not r.clean or bool(n.get("missed") or n.get("false_matches"))
+
+
 def check_against_oracles(capture: Path, expr: str, display_filter: str):
     """Audit ``expr`` on ``capture`` and check every number and every mis-classified frame against tshark's
     ``display_filter`` (truth) and tcpdump (kept frames); re-run any suggestion with tcpdump."""
@@ -128,6 +135,14 @@ def check_against_oracles(capture: Path, expr: str, display_filter: str):
     kept = tcpdump_frames(capture, expr)
     r = audit_capture(expr, capture)
     frames = r.frame.astype(np.int64)
+    assert r.not_audited_frames == 0, r.not_audited
+    if r.judged_on == "raw":  # judged on the raw frame: tshark's truth is the normalized view, side by side
+        assert r.clean and r.truth == r.matched == len(kept)
+        assert r.normalized == {"truth": len(truth), "missed": len(truth - kept), "false_matches": len(kept - truth)}
+        if truth != kept:
+            assert r.suggestion_verified is True, r.notes
+            assert tcpdump_frames(capture, r.suggestion) == truth
+        return r, truth, kept
     assert r.truth == len(truth)
     assert r.matched == len(kept)
     assert set(frames[r.verdict == MISSED].tolist()) == truth - kept

@@ -33,13 +33,13 @@ def test_hbh_jumbo_is_removed_and_payload_len_capped(tmp_path):
     assert pb.bigtcp[0] == BIGTCP_HBH_JUMBO and f.ext_len == 8
     seg = tcp_hdr() + bytes(payload)
     assert new == eth(0x86DD) + ipv6_hdr(min(len(seg), 65535), 6) + seg
-    assert wirelen == len(new)
+    assert wirelen == len(new) + 8  # the wire length (what len/less/greater test) is the frame's own
 
 
 def test_truncated_frame_keeps_its_snaplen_cut(tmp_path):
     pkt = v6_hbh_tcp(80000, snap=96)
     _, _, (new, wirelen) = normalized(tmp_path, pkt)
-    assert len(new) == 96 - 8 and wirelen == pkt[1] - 8
+    assert len(new) == 96 - 8 and wirelen == pkt[1]
     assert new[14 + 4:14 + 7] == struct.pack("!HB", 65535, 6)
     assert new[14 + 40:] == pkt[0][14 + 48:]
 
@@ -67,19 +67,39 @@ def test_plain_frames_are_left_alone(tmp_path):
         assert (new, wirelen) == pkt
 
 
-def test_fragment_and_tunnel_are_not_normalized(tmp_path):
+def test_fragment_is_not_normalized(tmp_path):
     frag = struct.pack("!BBHI", 6, 0, 0x1, 7)  # Fragment header, offset 0, M=1
     seg = tcp_hdr() + bytes(100)
     fr = eth(0x86DD) + ipv6_hdr(8 + len(seg), 44) + frag + seg
     _, f, out = normalized(tmp_path, (fr, len(fr)))
-    assert nz.why_not(f, len(fr)) == nz.SKIP_FRAGMENT and out == (fr, len(fr))
+    assert nz.why_not(f, fr) == nz.SKIP_FRAGMENT and out == (fr, len(fr))
 
-    inner = eth(0x86DD) + ipv6_hdr(0, 0) + v6_hbh_tcp(1000, snap=None)[0][54:]
+
+
+def vxlan(inner: bytes, outer_len: int | None = None, udp_len: int | None = None) -> bytes:
+    """Ethernet/IPv4/UDP 4789/VXLAN around ``inner``; the outer length fields default to the true ones."""
     vx = struct.pack("!BBHI", 0x08, 0, 0, 0x100 << 8) + inner
-    outer = eth(0x0800) + ipv4_hdr(20 + 8 + len(vx), 17) + udp_hdr(50000, 4789, 8 + len(vx)) + vx
-    pb, f, out = normalized(tmp_path, (outer, len(outer)))
-    assert pb.tunnel[0] != TUNNEL_NONE
-    assert nz.why_not(f, len(outer)) == nz.SKIP_TUNNEL and out == (outer, len(outer))
+    tot = 20 + 8 + len(vx) if outer_len is None else outer_len
+    return eth(0x0800) + ipv4_hdr(tot, 17) + udp_hdr(50000, 4789, 8 + len(vx) if udp_len is None else udp_len) + vx
+
+
+def test_tunnel_inner_hbh_removed_and_outer_lengths_follow(tmp_path):
+    seg = tcp_hdr() + bytes(1000)
+    inner = eth(0x86DD) + ipv6_hdr(8 + len(seg), 0) + bytes([6, 0, 0xC2, 4]) + struct.pack("!I", 8 + len(seg)) + seg
+    outer = vxlan(inner)
+    pb, f, (new, wirelen) = normalized(tmp_path, (outer, len(outer)))
+    assert pb.tunnel[0] != TUNNEL_NONE and nz.why_not(f, outer) is None and nz.needs_normalizing(f, outer)
+    plain_inner = eth(0x86DD) + ipv6_hdr(len(seg), 6) + seg
+    assert new == vxlan(plain_inner) and wirelen == len(outer)
+
+
+def test_tunnel_outer_length_0_gets_the_frame_length(tmp_path):
+    inner = v4_tcp(80000, totlen0=True, snap=None)[0]
+    outer = vxlan(inner, outer_len=0, udp_len=0)
+    _, f, (new, _) = normalized(tmp_path, (outer[:200], len(outer)))
+    assert nz.needs_normalizing(f, outer[:200])
+    inner_fixed = inner[:16] + struct.pack("!H", 65535) + inner[18:]
+    assert new == vxlan(inner_fixed, outer_len=65535, udp_len=65535)[:200]
 
 
 def test_batch_normalization_equals_the_per_frame_rules():
@@ -106,7 +126,7 @@ def test_batch_normalization_equals_the_per_frame_rules():
             for i in range(len(pb)):
                 f = nz.L3Fields.from_batch(pb, i)
                 data = rb.buf[rb.off[i]:rb.off[i] + c[i]].tobytes()
-                reason = nz.why_not(f, len(data))
+                reason = nz.why_not(f, data)
                 if reason is not None:
                     ref_why[reason] += 1
                 elif nz.needs_normalizing(f, data):

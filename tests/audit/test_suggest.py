@@ -17,6 +17,7 @@ from .conftest import (
     hbh_jumbo,
     ipv4_hdr,
     ipv6_hdr,
+    misjudged,
     needs_tcpdump,
     needs_tshark,
     tcp_hdr,
@@ -106,7 +107,7 @@ def synthetic(tmp_path_factory):
 @pytest.mark.parametrize("expr,display_filter", CASES)
 def test_suggestion_keeps_exactly_the_truth(synthetic, expr, display_filter):
     r, _, _ = check_against_oracles(synthetic, expr, display_filter)
-    assert not r.clean, "every case here should be affected by some encoding"
+    assert misjudged(r), "every case here should be affected by some encoding"
 
 
 def test_router_alert_hbh_is_an_extension_header_reason(synthetic):
@@ -174,7 +175,7 @@ def test_other_linktypes(tmp_path, linktype, expr, display_filter):
     length rewrites use that link header's length."""
     cap = write_pcap(tmp_path / f"lt{linktype}.pcap", relink(FRAMES, LINKTYPES[linktype]), linktype)
     r, _, _ = check_against_oracles(cap, expr, display_filter)
-    assert r.linktypes == [linktype] and not r.clean
+    assert r.linktypes == [linktype] and misjudged(r)
 
 
 def write_pcapng(path, interfaces: list[int], packets: list[tuple[int, bytes, int]]):
@@ -203,7 +204,8 @@ def test_mixed_linktypes_get_one_verified_suggestion_per_linktype(tmp_path):
     cap = write_pcapng(tmp_path / "mixed.pcapng", [1, 276],
                        [(0, d, w) for d, w in FRAMES] + [(1, d, w) for d, w in sll2])
     r = audit_capture("ip[2:2] > 1500", cap)
-    assert r.truth == len(tshark_frames(cap, "ip.len > 1500")) and r.missed > 0
+    assert r.judged_on == "raw" and r.clean
+    assert r.normalized["truth"] == len(tshark_frames(cap, "ip.len > 1500")) and r.normalized["missed"] > 0
     assert r.suggestion is None and r.suggestion_verified is True and r.suggestion_mismatches == 0
     assert r.suggestions_by_linktype == {1: rewrite("ip[2:2] > 1500", link_len=14).text,
                                          276: rewrite("ip[2:2] > 1500", link_len=20).text}

@@ -1,0 +1,94 @@
+"""What the filter audit needs to know about each link type, in one table.
+
+For every pcap/pcapng LINKTYPE_* value the reader hands over: its name (for messages), the LINKTYPE value
+written into the one-header savefile libpcap compiles against (libpcap.py), and the length of the link header
+(suggest.py's length rewrites: ``ip[2:2]`` -> ``len - L2``). Values from pcap-linktype(7) and libpcap's
+pcap-common.c. A link type missing here is still compiled by libpcap under its own number; only the
+suggestions that need the link header length are then left out.
+
+This is the audit's only link-type knowledge, so it can later be pointed at a project-wide link-type table.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LinkType:
+    """One link type as the audit sees it."""
+
+    name: str
+    savefile: int  # LINKTYPE_* value to put in the savefile header libpcap compiles against
+    header_len: int | None  # bytes before the IP header (None: variable)
+
+
+LINKTYPES: dict[int, LinkType] = {
+    0: LinkType("NULL", 0, 4),  # 4-byte address family in the writer's byte order
+    1: LinkType("EN10MB", 1, 14),
+    12: LinkType("RAW", 12, 0),  # DLT_RAW on most systems, read as raw IP
+    14: LinkType("RAW", 101, 0),  # DLT_RAW on OpenBSD; libpcap elsewhere knows it only as LINKTYPE_RAW
+    101: LinkType("RAW", 101, 0),
+    108: LinkType("LOOP", 108, 4),  # 4-byte address family in network byte order
+    113: LinkType("LINUX_SLL", 113, 16),
+    228: LinkType("IPV4", 228, 0),
+    229: LinkType("IPV6", 229, 0),
+    276: LinkType("LINUX_SLL2", 276, 20),
+}
+# link types whose header holds a host-byte-order word: libpcap compiles the comparison for the byte order of
+# the file's writer, so a program exists per byte order (see ``byte_swapped``)
+HOST_ORDER_HEADER = frozenset({0})
+
+
+def name(linktype: int) -> str:
+    """``228 (IPV4)``: the number and name used in messages."""
+    lt = LINKTYPES.get(int(linktype))
+    return f"{int(linktype)} ({lt.name})" if lt else str(int(linktype))
+
+
+def savefile_linktype(linktype: int) -> int:
+    """The LINKTYPE value libpcap is given for frames of ``linktype``."""
+    lt = LINKTYPES.get(int(linktype))
+    return lt.savefile if lt else int(linktype)
+
+
+def header_len(linktype: int) -> int | None:
+    """Bytes of link header before IP (None when unknown or variable)."""
+    lt = LINKTYPES.get(int(linktype))
+    return lt.header_len if lt else None
+
+
+def compile_key(linktype: int, swapped: bool = False) -> int:
+    """One integer per program libpcap compiles: the link type and the writer's byte order."""
+    return int(linktype) * 2 + bool(swapped)
+
+
+def split_key(key: int) -> tuple[int, bool]:
+    """(linktype, swapped) of a ``compile_key``."""
+    return int(key) // 2, bool(int(key) & 1)
+
+
+def compile_keys(linktypes: np.ndarray, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray) -> np.ndarray:
+    """``compile_key`` per frame (int64)."""
+    swapped = byte_swapped(linktypes, buf, off, caplen, sys.byteorder == "little")
+    return np.asarray(linktypes, np.int64) * 2 + swapped
+
+
+def byte_swapped(linktypes: np.ndarray, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray,
+                 little_host: bool) -> np.ndarray:
+    """Per frame: True when a host-byte-order link header (DLT_NULL's address family) was written by a host of
+    the other byte order than this one, as libpcap's ``swapped`` flag would say for the file.
+
+    libpcap takes the byte order from the file header; the reader does not pass it on, so it is read from the
+    address family itself (a value < 256 in one byte order): the writer of a NULL file is the host whose family
+    word it is, so the two agree on every file a capture tool writes."""
+    out = np.zeros(len(off), bool)
+    sel = np.flatnonzero(np.isin(linktypes, list(HOST_ORDER_HEADER)) & (np.asarray(caplen) >= 4))
+    if sel.size:
+        first = buf[np.asarray(off)[sel]]  # low byte of a little-endian family, high byte of a big-endian one
+        written_little = first != 0
+        out[sel] = written_little != little_host
+    return out
