@@ -350,7 +350,7 @@ class _Stats:
         for c, k in zip(*np.unique(spb.flush_reason, return_counts=True)):
             self.sp_reasons[names[int(c)]] += int(k)
 
-    def summary(self, info: CaptureInfo, flow_cols: dict, error: CaptureError | None, cfg: GroConfig) -> dict:
+    def summary(self, info: CaptureInfo, flow_cols: dict, error: BigtcpError | None, cfg: GroConfig) -> dict:
         top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
         keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
                 "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
@@ -361,7 +361,8 @@ class _Stats:
                         "size": info.size, "packets": info.packets, "bytes_on_wire": self.bytes,
                         "duration_s": round(dur, 6), "linktypes": sorted(info.linktypes),
                         "snaplen": sorted(info.snaplens), "partial": error is not None,
-                        "error": error.one_line() if error else None},
+                        "error": error.one_line() if error else None,
+                        "linktypes_not_decoded": info.notes.by_value(F.UNKNOWN_LINKTYPE)},
             "bigtcp": {name: int(self.bigtcp[i]) for i, name in enumerate(BIGTCP_NAMES) if name != "none"},
             "max_bigtcp_ip_len": self.max_bigtcp_len,
             "flows": len(flow_cols["flow_id"]),

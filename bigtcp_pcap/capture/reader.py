@@ -34,8 +34,10 @@ from .source import Source
 MAX_CAPLEN = 256 << 20
 TS_UNKNOWN = int(walk.TS_UNKNOWN)
 # libpcap's TPACKET_V2 ring (tcpdump --immediate-mode) on an Ethernet device with offloads on sizes its frames
-# for MAX(mtu, 65535) + 18 bytes (pcap-linux.c create_ring), so the kernel cuts longer (BIG TCP) frames there.
-TPACKET_V2_CLAMP = 65535 + 18
+# for MAX(mtu, 65535) + 18 bytes (pcap-linux.c create_ring), and the kernel cuts a longer (BIG TCP) frame to what
+# its ring slot holds: that size plus the slot's 16-byte alignment slack, plus 4 when libpcap re-inserts a VLAN
+# tag. Measured (scripts/capture_tpacket_clamp.sh, libpcap 1.10.3, Linux 6.18): caplen 65562 of 184306.
+TPACKET_V2_CLAMP = (65535 + 18, 65535 + 18 + 15 + 4)  # caplen range, both ends included
 PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multiplier to ns)
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
 PCAPNG_BOM = 0x1A2B3C4D
@@ -206,9 +208,14 @@ class CaptureReader:
         over = (b.caplen > snap) & (snap > 0)
         if over.any():
             notes.count_by_value(F.SNAPLEN_EXCEEDED, np.broadcast_to(snap, over.shape)[over], b.frame[over])
-        clamp = (b.caplen == TPACKET_V2_CLAMP) & (b.wirelen > b.caplen) & (b.linktype == 1)
+        lo, hi = TPACKET_V2_CLAMP
+        clamp = (b.caplen >= lo) & (b.caplen <= hi) & (b.wirelen > b.caplen) & (b.linktype == 1)
+        if isinstance(snap, int) and 0 < snap <= hi:  # cut by the file's own snaplen, not by the ring
+            clamp[:] = False
+        elif not isinstance(snap, int):
+            clamp &= (snap == 0) | (snap > hi)
         if clamp.any():
-            notes.count(F.TPACKET_V2_CLAMP, TPACKET_V2_CLAMP, b.frame[clamp])
+            notes.count_by_value(F.TPACKET_V2_CLAMP, b.caplen[clamp], b.frame[clamp])
         bad_ts = b.ts_ns == TS_UNKNOWN
         if bad_ts.any():
             notes.count_by_value(F.TS_OUT_OF_RANGE, b.if_id[bad_ts], b.frame[bad_ts])
