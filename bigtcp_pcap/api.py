@@ -144,7 +144,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             reader.src.close()
-            raise OutputError(str(out), f"cannot make the output directory: {e.strerror or e}") from None
+            raise OutputError.from_os(str(out), e, "cannot make the output directory") from None
     flows = FlowTable()
     # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
     sinks: dict[str, P.TableSink] = {}
@@ -209,7 +209,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             stop = e
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
             error = Interrupted(signum, f"the tables hold frames 1-{info.packets}")
-            partial_row(F.INTERRUPTED, info.packets + 1, F.message(F.INTERRUPTED, error.one_line()))
+            partial_row(F.INTERRUPTED, info.packets + 1, F.message(F.INTERRUPTED, signal.Signals(signum).name))
         except OutputError as e:  # the table that failed is gone; the others are finished, marked partial
             stop = error = e
             partial_row(F.OUTPUT_FAILED, info.packets + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
@@ -250,7 +250,14 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     if stop is not None or out_err is not None:
         if isinstance(stop, KeyboardInterrupt):
             raise stop
-        raise (error if isinstance(stop, Interrupted) else (stop or out_err))
+        if isinstance(stop, Interrupted):
+            raise error
+        fault = stop or out_err
+        kept = [name for name, sink in sinks.items() if sink.done]
+        if kept and isinstance(fault, OutputError):  # say what the directory holds now, in the one line
+            raise OutputError(fault.path, f"{fault.message} ({', '.join(kept)} written to {out}/, marked "
+                              "partial)")
+        raise fault
     summary = stats.summary(info, flow_cols, error, cfg)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
@@ -272,6 +279,19 @@ def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None)
     survive from an earlier run beside this run's tables.
     """
     first = None
+    for sink in sinks.values():  # the row groups first: a table that fails here makes the others partial
+        if not sink.failed:
+            try:
+                sink.finish()
+            except OutputError as e:
+                first = first or e
+    if first is not None and not meta["partial"]:
+        meta = {**meta, "partial": True, "error": first.one_line()}
+        findings = sinks.get("findings")
+        if findings is not None and not findings.failed:
+            code = F.BY_ID[F.OUTPUT_FAILED]
+            findings.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
+                                    "message": [code.template.format(value=first.one_line())]})
     for sink in sinks.values():
         if sink.failed:
             continue

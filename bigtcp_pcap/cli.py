@@ -27,7 +27,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .errors import BigtcpError, Interrupted, OutputError, UsageError
+from .errors import BigtcpError, Interrupted, UsageError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters.")
@@ -71,8 +71,6 @@ def _error_line(e: BigtcpError, outdir: Path) -> str:
     """The one stderr line for an error of ``analyze``, saying what became of the tables."""
     if isinstance(e, Interrupted):
         return f"{e.one_line()} (tables written to {outdir}/, marked partial)"
-    if isinstance(e, OutputError):
-        return f"{e.one_line()} (no table is left half-written; finished ones are marked partial)"
     return e.one_line()
 
 

@@ -14,6 +14,8 @@ Exit code 1 is not an error: it means "findings of severity warn or error presen
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 
 EXIT_USAGE, EXIT_CAPTURE, EXIT_OUTPUT = 2, 3, 4
@@ -72,9 +74,17 @@ class OutputError(BigtcpError):
         super().__init__(f"{path}: {message}")
 
     @classmethod
-    def from_os(cls, path: str, e: OSError) -> OutputError:
+    def from_os(cls, path: str, e: OSError, doing: str = "cannot write") -> OutputError:
         """From an OSError, with the system's text (``Read-only file system``, ``No space left on device``)."""
-        return cls(str(getattr(e, "filename", None) or path), e.strerror or str(e))
+        return cls(path, f"{doing}: {os_text(e)}")
+
+
+def os_text(e: OSError) -> str:
+    """The system's text for an OSError, also from pyarrow's ("... Detail: [errno 28] No space left on device")."""
+    m = re.search(r"\[errno (\d+)\]", str(e))
+    if m:
+        return os.strerror(int(m.group(1)))
+    return e.strerror or str(e).splitlines()[0]
 
 
 class Interrupted(BigtcpError):

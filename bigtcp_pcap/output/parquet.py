@@ -132,7 +132,7 @@ class TableSink:
             self._write(table)
         except OSError as e:
             self.abort()
-            raise OutputError(str(self.path), e.strerror or str(e)) from None
+            raise OutputError.from_os(str(self.path), e) from None
 
     def _write(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -171,6 +171,15 @@ class TableSink:
             arrays.append(A.array(x, f.type))
         self.write(pa.Table.from_arrays(arrays, schema=self.schema))
 
+    def finish(self) -> None:
+        """Write every buffered row group (where a full disk shows), before the metadata is decided."""
+        try:
+            self._flush()
+            self._drain()
+        except OSError as e:
+            self.abort()
+            raise OutputError.from_os(str(self.path), e) from None
+
     def close(self, metadata: dict) -> None:
         """Write what is buffered and the metadata, then rename the finished file into place."""
         try:
@@ -183,7 +192,7 @@ class TableSink:
             self.done = True
         except OSError as e:
             self.abort()
-            raise OutputError(str(self.path), e.strerror or str(e)) from None
+            raise OutputError.from_os(str(self.path), e) from None
 
     def abort(self) -> None:
         """Give up this table: stop the writer and remove the temporary file (the final name is not touched)."""
