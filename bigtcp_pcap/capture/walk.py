@@ -71,6 +71,7 @@ def walk_pcap(data, pos, end, be, ts_mul, max_caplen, off, caplen, wirelen, ts_n
 
 TS_UNKNOWN = np.int64(-(1 << 63))  # a timestamp that does not fit int64 nanoseconds since 1970 (years 1677-2262)
 _I64_MAX = np.uint64((1 << 63) - 1)
+_U64_MAX = np.uint64((1 << 64) - 1)
 _OFF_S_MAX = np.int64(9_223_372_036)  # |if_tsoffset| beyond this many seconds cannot be int64 nanoseconds
 EPB_FLAGS = 2  # the epb_flags option code (pcapng section 4.3.1)
 # stats[] slots a pcapng walk adds to (the caller keeps them across calls)
@@ -94,15 +95,22 @@ def _ts_to_ns(units, mul, div, shift, off_s):
         frac = u % div
         dd = div >> shift
     frac_ns = ((frac >> shift) * mul) // dd
-    if mul != 0 and whole > (_I64_MAX - frac_ns) // mul:
+    if mul != 0 and whole > (_U64_MAX - frac_ns) // mul:
         return TS_UNKNOWN
-    base = np.int64(whole * mul + frac_ns)
+    base = whole * mul + frac_ns  # uint64: a negative offset may still bring it into range
     if off_s > _OFF_S_MAX or off_s < -_OFF_S_MAX:
         return TS_UNKNOWN
-    off_ns = off_s * np.int64(1_000_000_000)
-    if off_ns > 0 and base > np.int64(_I64_MAX) - off_ns:
-        return TS_UNKNOWN
-    return base + off_ns
+    if off_s >= 0:
+        off_ns = np.uint64(off_s) * np.uint64(1_000_000_000)
+        if base > _I64_MAX - off_ns:
+            return TS_UNKNOWN
+        return np.int64(base + off_ns)
+    neg = np.uint64(-off_s) * np.uint64(1_000_000_000)
+    if base >= neg:
+        if base - neg > _I64_MAX:
+            return TS_UNKNOWN
+        return np.int64(base - neg)
+    return -np.int64(neg - base)
 
 
 @njit(cache=True)
