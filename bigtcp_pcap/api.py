@@ -98,12 +98,17 @@ class Analysis:
         return self._table("filter_audit")
 
     def write(self, outdir: str | os.PathLike) -> Path:
-        """Copy the tables to ``outdir`` (created if needed)."""
+        """Copy the tables to ``outdir`` (created if needed), each under a temporary name renamed into place."""
         out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
-        for p in self.outdir.glob("*.parquet"):
-            if out.resolve() != self.outdir.resolve():
-                shutil.copy2(p, out / p.name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for p in self.outdir.glob("*.parquet"):
+                if out.resolve() != self.outdir.resolve():
+                    tmp = out / f".{p.name}.{os.getpid()}.tmp"
+                    shutil.copy2(p, tmp)
+                    os.replace(tmp, out / p.name)
+        except OSError as e:
+            raise OutputError.from_os(str(out), e) from None
         return out
 
 

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..errors import BigtcpError
+from ..errors import BigtcpError, OutputError
 from .cbpf import AuditResult, audit_capture
 from .libpcap import FilterError
 
@@ -61,8 +61,12 @@ def audit_filter(
     if parquet is not None:
         import pyarrow.parquet as pq
 
-        parquet.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(result.frames_table(), parquet)
+        try:
+            parquet.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(result.frames_table(), parquet)
+        except OSError as e:  # an output error (exit 4), one line
+            fault = OutputError.from_os(str(parquet), e)
+            raise _fail(fault.one_line(), fault.exit_code) from None
     if as_json:
         doc = result.to_json()
         doc["capture"] = str(capture)
