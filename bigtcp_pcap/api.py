@@ -241,6 +241,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     except BaseException:  # a usage error (a bad filter) or a crash: nothing replaces the earlier tables
         for sink in sinks.values():
             sink.abort()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     params = {"gro": cfg.to_metadata(), "gro_engine": gro_engine, "packets": packets,
               "filters": [r.expr for r in audit_results], "default_filters": filters is None}
@@ -253,16 +255,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     }
     out_err = _close_sinks(sinks, meta, out if tmp is None else None)
     if stop is not None or out_err is not None:
-        if isinstance(stop, KeyboardInterrupt):
-            raise stop
-        if isinstance(stop, Interrupted):
-            raise error
-        fault = stop or out_err
-        kept = [name for name, sink in sinks.items() if sink.done]
-        if kept and isinstance(fault, OutputError):  # say what the directory holds now, in the one line
-            raise OutputError(fault.path, f"{fault.message} ({', '.join(kept)} written to {out}/, marked "
-                              "partial)")
-        raise fault
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _raise_stop(stop, error, out_err, sinks, out)
     summary = stats.summary(info, flow_cols, error, cfg)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
@@ -310,6 +305,21 @@ def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None)
                 with contextlib.suppress(OSError):
                     (outdir / f"{table}.parquet").unlink(missing_ok=True)
     return first
+
+
+def _raise_stop(stop: BaseException | None, error: BigtcpError | None, out_err: OutputError | None,
+                sinks: dict[str, P.TableSink], out: Path) -> None:
+    """Raise what ended the run early, once the tables are closed: the interrupt, or the output fault with the
+    tables it left (in its one line)."""
+    if isinstance(stop, KeyboardInterrupt):
+        raise stop
+    if isinstance(stop, Interrupted):
+        raise error
+    fault = stop or out_err
+    kept = [name for name, sink in sinks.items() if sink.done]
+    if kept and isinstance(fault, OutputError):
+        raise OutputError(fault.path, f"{fault.message} ({', '.join(kept)} written to {out}/, marked partial)")
+    raise fault
 
 
 def _count_unknown_linktypes(fr: FindingRows, info: CaptureInfo) -> FindingRows:
