@@ -43,7 +43,7 @@ class CaptureNotes:
         """Like ``count`` for rows that each carry their own value (e.g. the link type of each frame)."""
         if values.shape[0] == 0:
             return
-        for v in np.unique(values).tolist():
+        for v in np.unique(values, return_counts=True)[0].tolist():  # (return_counts: np.unique then skips numpy.ma)
             self.count(code, int(v), frames[values == v])
 
     def total(self, code: int) -> int:
