@@ -7,8 +7,10 @@ tables by construction, and memory is bounded by the number of flows, not by the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import weakref
 from collections import Counter
@@ -25,7 +27,7 @@ from . import findings as F
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
-from .errors import CaptureError
+from .errors import BigtcpError, CaptureError, Interrupted, OutputError
 from .flows.table import FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
@@ -65,7 +67,7 @@ class Analysis:
     info: CaptureInfo
     params: dict[str, Any]
     summary: dict[str, Any]
-    error: CaptureError | None = None
+    error: BigtcpError | None = None  # why the tables are partial (a CaptureError for a damaged capture)
     sidecar: Path | None = None
     _tmp: Any = field(default=None, repr=False)
 
@@ -107,14 +109,18 @@ class Analysis:
         return write_report(self.outdir, dest)
 
     def write(self, outdir: str | os.PathLike) -> Path:
-        """Copy the tables and ``summary.json`` to ``outdir`` (created if needed)."""
+        """Copy the tables and ``summary.json`` to ``outdir`` (created if needed), each under a temporary name
+        renamed into place."""
         out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
-        for p in [*self.outdir.glob("*.parquet"), *(self.outdir / n for n in OUTPUT_FILES)]:
-            if not p.exists():
-                continue
-            if out.resolve() != self.outdir.resolve():
-                shutil.copy2(p, out / p.name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for p in [*self.outdir.glob("*.parquet"), *(self.outdir / n for n in OUTPUT_FILES)]:
+                if p.exists() and out.resolve() != self.outdir.resolve():
+                    tmp = out / f".{p.name}.{os.getpid()}.tmp"
+                    shutil.copy2(p, tmp)
+                    os.replace(tmp, out / p.name)
+        except OSError as e:
+            raise OutputError.from_os(str(out), e) from None
         return out
 
 
@@ -143,6 +149,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         raise TypeError(f"analyze() got both gro= and GRO keywords ({', '.join(sorted(gro_params))}): "
                         "give one, e.g. gro=dataclasses.replace(gro, ...)")
     cfg = gro if gro is not None else GroConfig(**gro_params)
+    gro_stage = GroStage(cfg, gro_engine)  # options are checked before the output directory is touched
+    audits = FilterAudits(filters, enabled=audit)
+    reader = CaptureReader(source, name=name, sha256=sha256)
+    info = reader.info
     tmp = None
     if outdir is None:
         # removed when the Analysis is garbage-collected (or at exit): the tables live as long as it does
@@ -150,67 +160,111 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         tmp = out
     else:
         out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
-        for table in TABLES:  # a table this run does not write must not survive from an earlier run
-            (out / f"{table}.parquet").unlink(missing_ok=True)
-        for fname in OUTPUT_FILES:
-            (out / fname).unlink(missing_ok=True)
-    reader = CaptureReader(source, name=name, sha256=sha256)
-    info = reader.info
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for fname in OUTPUT_FILES:  # the summary and report of an earlier run into this directory
+                (out / fname).unlink(missing_ok=True)
+        except OSError as e:
+            reader.src.close()
+            raise OutputError.from_os(str(out), e, "cannot make the output directory") from None
     flows = FlowTable()
-    gro_stage = GroStage(cfg, gro_engine)
-    sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA, background=True) if packets else None
-    sink_findings = P.TableSink(out / "findings.parquet", P.FINDINGS_SCHEMA)
-    sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
+    # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
+    sinks: dict[str, P.TableSink] = {}
+
+    def open_sink(table: str, schema, background: bool = False) -> P.TableSink:
+        sinks[table] = P.TableSink(out / f"{table}.parquet", schema, background=background)
+        return sinks[table]
+
     stats = _Stats()
-    error: CaptureError | None = None
-    audits = FilterAudits(filters, enabled=audit)
     tally = D.SuperPacketTally(cfg)
     whatif = D.WhatIfInput()
-
-    pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
-    pending_rows = 0
-
-    def emit_superpackets(spb, final: bool = False) -> None:
-        nonlocal pending_rows
-        if len(spb):
-            pending_sp.append(spb)
-            pending_rows += len(spb)
-        if pending_sp and (final or pending_rows >= P.TableSink.ROW_GROUP):
-            rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
-            pending_sp.clear()
-            pending_rows = 0
-            D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
-            flows.add_superpackets(rows.flow_id, rows.payload_len)
-            stats.add_superpackets(rows)
-            tally.add(rows)
-            sink_sp.write_columns(superpackets_columns(rows, flows, gro_stage.labels))
-
+    error: BigtcpError | None = None  # why the tables are partial
+    stop: BaseException | None = None  # raised again once the tables are closed (interrupt, output fault)
+    batches = iter(reader)
+    audit_results: list = []
+    flow_cols = FlowTable().columns()
     try:
-        for rb in reader:
-            pb, fr = decode(rb)
-            fid = flows.assign(pb)
-            flows.update(pb, fid)
-            stats.add(pb, fr)
-            if len(fr):
-                sink_findings.write_columns(_finding_columns(fr))
-            if sink_packets is not None:
-                sink_packets.write(P.packets_table(pb, fid))
-            emit_superpackets(gro_stage.feed(rb, pb, fid))
-            whatif.add(pb, fid, gro_stage.last_receivers)
-            audits.feed(rb, pb, fid)
-            if progress is not None:
-                progress(reader.src.bytes_read, info.size)
-    except CaptureError as e:
-        error = e
-        sink_findings.write_columns({"frame": [e.frame or 0], "code": [F.BY_ID[F.CAPTURE_PARTIAL].code],
-                                     "severity": [F.ERROR], "message": [e.one_line()]})
-        stats.findings[F.BY_ID[F.CAPTURE_PARTIAL].code] += 1
-    emit_superpackets(gro_stage.finish(), final=True)
+        sink_packets = open_sink("packets", P.PACKETS_SCHEMA, background=True) if packets else None
+        sink_findings = open_sink("findings", P.FINDINGS_SCHEMA)
+        sink_sp = open_sink("superpackets", SUPERPACKETS_SCHEMA)
 
-    flow_cols = flows.columns()
-    _suspect_filtered_capture(flow_cols, stats, sink_findings)
-    audit_results = audits.finish()
+        pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
+        pending_rows = 0
+
+        def emit_superpackets(spb, final: bool = False) -> None:
+            nonlocal pending_rows
+            if len(spb):
+                pending_sp.append(spb)
+                pending_rows += len(spb)
+            if pending_sp and (final or pending_rows >= P.TableSink.ROW_GROUP):
+                rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
+                pending_sp.clear()
+                pending_rows = 0
+                D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
+                flows.add_superpackets(rows.flow_id, rows.payload_len)
+                stats.add_superpackets(rows)
+                tally.add(rows)
+                if not sink_sp.failed:
+                    sink_sp.write_columns(superpackets_columns(rows, flows, gro_stage.labels))
+
+        def partial_row(code: int, frame: int, text: str) -> None:
+            if not sink_findings.failed:
+                sink_findings.write_columns({"frame": [frame], "code": [F.BY_ID[code].code],
+                                             "severity": [F.BY_ID[code].severity], "message": [text]})
+            stats.findings[F.BY_ID[code].code] += 1
+
+        try:
+            for rb in batches:
+                pb, fr = decode(rb)
+                fid = flows.assign(pb)
+                flows.update(pb, fid)
+                fr = _count_unknown_linktypes(fr, info)
+                stats.add(pb, fr)
+                if len(fr):
+                    sink_findings.write_columns(_finding_columns(fr))
+                if sink_packets is not None:
+                    sink_packets.write(P.packets_table(pb, fid))
+                emit_superpackets(gro_stage.feed(rb, pb, fid))
+                whatif.add(pb, fid, gro_stage.last_receivers)
+                audits.feed(rb, pb, fid)
+                if progress is not None:
+                    progress(reader.src.bytes_read, info.size)
+        except CaptureError as e:
+            error = e
+            partial_row(F.CAPTURE_PARTIAL, e.frame or 0, e.one_line())
+        except (KeyboardInterrupt, Interrupted) as e:
+            stop = e
+            signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+            error = Interrupted(signum, f"the tables hold frames 1-{info.packets}")
+            partial_row(F.INTERRUPTED, info.packets + 1, F.message(F.INTERRUPTED, signal.Signals(signum).name))
+        except OutputError as e:  # the table that failed is gone; the others are finished, marked partial
+            stop = error = e
+            partial_row(F.OUTPUT_FAILED, info.packets + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
+        finally:
+            batches.close()
+        emit_superpackets(gro_stage.finish(), final=True)
+
+        flow_cols = flows.columns()
+        if not sink_findings.failed:
+            _suspect_filtered_capture(flow_cols, stats, sink_findings)
+            notes = info.notes.rows()
+            if notes["frame"]:
+                sink_findings.write_columns(notes)
+                stats.findings.update(notes["code"])
+        audit_results = audits.finish()
+        open_sink("flows", P.FLOWS_SCHEMA).write_columns(flow_cols)
+        sink_audit = open_sink("filter_audit", AUDIT_SCHEMA)  # always written, empty when clean
+        for r in audit_results:
+            sink_audit.write(audit_rows(r))
+    except OutputError as e:  # a table failed after reading ended: the others are still finished
+        stop = stop or e
+        error = error or e
+    except BaseException:  # a usage error (a bad filter) or a crash: nothing replaces the earlier tables
+        for sink in sinks.values():
+            sink.abort()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     params = {"gro": cfg.to_metadata(), "gro_engine": gro_engine, "packets": packets,
               "filters": [r.expr for r in audit_results], "default_filters": filters is None}
     meta = {
@@ -220,14 +274,11 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         "first_ts_ns": info.first_ts_ns, "params": params, "partial": error is not None,
         "error": error.one_line() if error else None,
     }
-    sink_flows = P.TableSink(out / "flows.parquet", P.FLOWS_SCHEMA)
-    sink_flows.write_columns(flow_cols)
-    sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)  # always written, empty when clean
-    for r in audit_results:
-        sink_audit.write(audit_rows(r))
-    for s in (sink_packets, sink_findings, sink_sp, sink_flows, sink_audit):
-        if s is not None:
-            s.close(meta)
+    out_err = _close_sinks(sinks, meta, out if tmp is None else None)
+    if stop is not None or out_err is not None:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        _raise_stop(stop, error, out_err, sinks, out)
     summary = stats.summary(info, flow_cols, error, cfg, gro_stage.labels)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
@@ -244,6 +295,66 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         stem = os.path.basename(info.name) if info.name not in ("<stdin>", "<stream>") else "stdin"
         result.sidecar = write_analysis_sidecar(out / f"{stem}.bigtcp.tsv", analysis=result)
     return result
+
+
+def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None) -> OutputError | None:
+    """Close every table still writable (each renamed into place when complete); the first OutputError.
+
+    In a directory of the user's (``outdir``), a table this run did not finish is removed: a table must not
+    survive from an earlier run beside this run's tables.
+    """
+    first = None
+    for sink in sinks.values():  # the row groups first: a table that fails here makes the others partial
+        if not sink.failed:
+            try:
+                sink.finish()
+            except OutputError as e:
+                first = first or e
+    if first is not None and not meta["partial"]:
+        meta = {**meta, "partial": True, "error": first.one_line()}
+        findings = sinks.get("findings")
+        if findings is not None and not findings.failed:
+            code = F.BY_ID[F.OUTPUT_FAILED]
+            findings.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
+                                    "message": [code.template.format(value=first.one_line())]})
+    for sink in sinks.values():
+        if sink.failed:
+            continue
+        try:
+            sink.close(meta)
+        except OutputError as e:
+            first = first or e
+    if outdir is not None and any(sink.done for sink in sinks.values()):
+        for table in TABLES:
+            if table not in sinks or not sinks[table].done:
+                with contextlib.suppress(OSError):
+                    (outdir / f"{table}.parquet").unlink(missing_ok=True)
+    return first
+
+
+def _raise_stop(stop: BaseException | None, error: BigtcpError | None, out_err: OutputError | None,
+                sinks: dict[str, P.TableSink], out: Path) -> None:
+    """Raise what ended the run early, once the tables are closed: the interrupt, or the output fault with the
+    tables it left (in its one line)."""
+    if isinstance(stop, KeyboardInterrupt):
+        raise stop
+    if isinstance(stop, Interrupted):
+        raise error
+    fault = stop or out_err
+    kept = [name for name, sink in sinks.items() if sink.done]
+    if kept and isinstance(fault, OutputError):
+        raise OutputError(fault.path, f"{fault.message} ({', '.join(kept)} written to {out}/, marked partial)")
+    raise fault
+
+
+def _count_unknown_linktypes(fr: FindingRows, info: CaptureInfo) -> FindingRows:
+    """The decoder's frame.unknown_linktype rows become one counted note per link type (capture/notes.py)."""
+    unknown = fr.code == F.UNKNOWN_LINKTYPE
+    if not unknown.any():
+        return fr
+    info.notes.count_by_value(F.UNKNOWN_LINKTYPE, fr.value[unknown], fr.frame[unknown])
+    keep = ~unknown
+    return FindingRows(fr.frame[keep], fr.code[keep], fr.value[keep])
 
 
 def _finding_columns(fr: FindingRows) -> dict[str, list]:
@@ -306,7 +417,7 @@ class _Stats:
         for r, k in zip(*np.unique(spb.receiver, return_counts=True)):
             self.receiver_rows[int(r)] += int(k)
 
-    def summary(self, info: CaptureInfo, flow_cols: dict, error: CaptureError | None, cfg: GroConfig,
+    def summary(self, info: CaptureInfo, flow_cols: dict, error: BigtcpError | None, cfg: GroConfig,
                 receivers: list[str]) -> dict:
         top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
         keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
@@ -318,7 +429,8 @@ class _Stats:
                         "size": info.size, "packets": info.packets, "bytes_on_wire": self.bytes,
                         "duration_s": round(dur, 6), "linktypes": sorted(info.linktypes),
                         "snaplen": sorted(info.snaplens), "partial": error is not None,
-                        "error": error.one_line() if error else None},
+                        "error": error.one_line() if error else None,
+                        "linktypes_not_decoded": info.notes.by_value(F.UNKNOWN_LINKTYPE)},
             "bigtcp": {name: int(self.bigtcp[i]) for i, name in enumerate(BIGTCP_NAMES) if name != "none"},
             "max_bigtcp_ip_len": self.max_bigtcp_len,
             "flows": len(flow_cols["flow_id"]),

@@ -1,14 +1,18 @@
 """The command line: a thin layer over ``bigtcp_pcap.api``. Options in, one library call, output out.
 
 Exit codes: 0 clean, 1 findings of severity warn or error present, 2 usage error, 3 unreadable or corrupt
-capture (the tables are still written, marked partial).
+capture (the tables are still written, marked partial), 4 output error (a table could not be written), 130 / 143
+interrupted by SIGINT / SIGTERM (the tables are written, marked partial). Each command has one
+``except BigtcpError`` (errors.py): one stderr line, the error's exit code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+from contextlib import contextmanager
 
 # The CLI process uses the system allocator for Arrow buffers (set before pyarrow is first imported): mimalloc,
 # pyarrow's default, keeps freed row groups cached and measured ~30 MiB more peak RSS on long captures.
@@ -23,14 +27,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from .errors import CaptureError, UsageError
+from .errors import BigtcpError, Interrupted, UsageError
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters.")
 err = Console(stderr=True)
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_CAPTURE = 0, 1, 2, 3
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_CAPTURE, EXIT_OUTPUT = 0, 1, 2, 3, 4
 
 
 def _fail(msg: str, code: int) -> typer.Exit:
@@ -52,6 +56,39 @@ def _main(
                                           help="print the version and exit")] = False,
 ) -> None:
     """Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters."""
+
+
+@contextmanager
+def _stop_on_signals():
+    """SIGINT / SIGTERM end a run at the next batch boundary, so that every table is finished (marked partial).
+
+    Yields (progress check, signals received). The check, called by ``analyze`` after each batch, raises
+    ``Interrupted``; a second signal (a run blocked on a silent stdin) raises at once.
+    """
+    got: list[int] = []
+
+    def handler(signum, _frame) -> None:
+        if got:
+            raise Interrupted(signum)
+        got.append(signum)
+
+    def check(_done: int, _total: int | None) -> None:
+        if got:
+            raise Interrupted(got[0])
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield check, got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _error_line(e: BigtcpError, outdir: Path) -> str:
+    """The one stderr line for an error of ``analyze``, saying what became of the tables."""
+    if isinstance(e, Interrupted):
+        return f"{e.one_line()} (tables written to {outdir}/, marked partial)"
+    return e.one_line()
 
 
 @app.command()
@@ -94,22 +131,25 @@ def analyze(
 
     if capture is None:
         err.print(f"no capture given: analysing the bundled sample {sample_capture()}", highlight=False)
-    try:
-        cfg = GroConfig(kernel=kernel, gro_max_size=gro_max_size, gro_ipv4_max_size=gro_ipv4_max_size,
-                        napi_weight=napi_weight, hz=hz, poll_gap_us=poll_gap_us,
-                        gro_flush_timeout_ns=gro_flush_timeout_ns, napi_defer_hard_irqs=napi_defer_hard_irqs,
-                        rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
-    except (ValueError, UsageError) as e:
-        raise _fail(str(e), EXIT_USAGE) from None
     show = not no_progress and sys.stderr.isatty()
     try:
-        with progress_bar(show, err) as cb:
-            result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=cb, filters=filters,
+        try:
+            cfg = GroConfig(kernel=kernel, gro_max_size=gro_max_size, gro_ipv4_max_size=gro_ipv4_max_size,
+                            napi_weight=napi_weight, hz=hz, poll_gap_us=poll_gap_us,
+                            gro_flush_timeout_ns=gro_flush_timeout_ns, napi_defer_hard_irqs=napi_defer_hard_irqs,
+                            rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        with _stop_on_signals() as (check, signals), progress_bar(show, err) as cb:
+            def on_batch(done: int, total: int | None) -> None:
+                check(done, total)
+                if cb is not None:
+                    cb(done, total)
+
+            result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=on_batch, filters=filters,
                          audit=not no_audit, wireshark_sidecar=wireshark_sidecar, sha256=sha256)
-    except CaptureError as e:  # could not even start (missing file, not a capture)
-        raise _fail(e.one_line(), EXIT_CAPTURE) from None
-    except UsageError as e:  # a bad filter expression, libpcap missing for an explicit --filter
-        raise _fail(str(e), EXIT_USAGE) from None
+    except BigtcpError as e:  # usage (2), capture unreadable from the start (3), output (4), interrupted (130/143)
+        raise _fail(_error_line(e, outdir), e.exit_code) from None
     if plots:
         from .output.plots import plot_dir
 
@@ -123,12 +163,16 @@ def analyze(
     else:
         out = Console()
         render(result.summary, out if out.is_terminal else Console(width=160))
-        err.print(f"tables written to {outdir}/", highlight=False)
+        if result.error is None:  # an error run says where the tables are in its one error line
+            err.print(f"tables written to {outdir}/", highlight=False)
         extras = result.summary.get("plots", []) + ([result.summary["report"]] if report else [])
         for extra in extras + ([str(result.sidecar)] if result.sidecar else []):
             err.print(f"wrote {extra}", highlight=False)
     if result.error is not None:
-        raise _fail(result.error.one_line() + " (tables written, marked partial)", EXIT_CAPTURE)
+        raise _fail(f"{result.error.one_line()} (tables written to {outdir}/, marked partial)",
+                    result.error.exit_code)
+    if signals:  # a signal while the last tables were being finished: they are complete
+        raise _fail(f"{Interrupted(signals[0]).one_line()} after the tables were complete", 128 + signals[0])
     from .findings import BY_CODE, NOTE
 
     if any(BY_CODE[c].severity != NOTE for c in result.summary["findings"] if c in BY_CODE):
@@ -148,7 +192,7 @@ def dissect(
 
     Example: bigtcp-pcap dissect trace.pcap -c 10 -f 'tcp port 5201' --bigtcp-only
     """
-    from .audit import FilterError, LibpcapMissing
+    from .audit import FilterError
     from .dissect import iter_blocks
 
     out = sys.stdout
@@ -156,12 +200,9 @@ def dissect(
         for block in iter_blocks(capture, count=count, as_json=as_json, expr=expr, bigtcp_only=bigtcp_only):
             out.write("\n".join(block))
             out.write("\n")
-    except CaptureError as e:
-        raise _fail(e.one_line(), EXIT_CAPTURE) from None
-    except FilterError as e:
-        raise _fail(f"bad filter expression {expr!r}: {e.message}", EXIT_USAGE) from None
-    except LibpcapMissing as e:
-        raise _fail(str(e), EXIT_USAGE) from None
+    except BigtcpError as e:
+        msg = f"bad filter expression {expr!r}: {e.message}" if isinstance(e, FilterError) else e.one_line()
+        raise _fail(msg, e.exit_code) from None
     except BrokenPipeError:  # `dissect ... | head`: stop quietly, do not flush into the closed pipe again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
@@ -232,6 +273,7 @@ def main() -> None:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
     except KeyboardInterrupt:
+        print("bigtcp-pcap: interrupted by SIGINT", file=sys.stderr)
         code = 130
     for stream in (sys.stdout, sys.stderr):
         try:

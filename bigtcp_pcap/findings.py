@@ -53,6 +53,18 @@ _CODES = [
     Code(44, "frame.unknown_linktype", WARN, "linktype {value} is not decoded"),
     # capture-level (reader / flow stages)
     Code(60, "capture.partial", ERROR, "the capture could not be read to its end: {value}"),
+    Code(62, "capture.snaplen_exceeded", NOTE, "records longer than the snaplen {value} were read whole (as "
+         "Wireshark does; libpcap would cut them to the snaplen)"),
+    Code(63, "capture.interrupted", ERROR, "the run was interrupted ({value}): the tables hold the frames read "
+         "before it"),
+    Code(64, "capture.undefined_interface", WARN, "packet blocks name interface {value}, which no Interface "
+         "Description Block defines: skipped"),
+    Code(65, "capture.tpacket_v2_clamp", WARN, "Ethernet frames with caplen {value} < wire length: libpcap's "
+         "TPACKET_V2 ring cut them (tcpdump --immediate-mode with offloads on sizes ring frames for "
+         "MAX(MTU, 65535) + 18); their payload past the cut is missing, the lengths come from the wire length"),
+    Code(66, "output.write_failed", ERROR, "the output failed ({value}): the tables hold the frames read before it"),
+    Code(67, "capture.ts_out_of_range", WARN, "timestamps of interface {value} do not fit int64 nanoseconds since "
+         "1970 (years 1677-2262): left null in packets.parquet"),
     Code(61, "capture.tcp_port_filter_suspected", WARN, "IPv6 TCP flows show {value} bytes of sequence gaps and no "
          "Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP"),
 ]
@@ -66,6 +78,8 @@ PLEN0_NOT_TCP_UDP, TOTLEN0_NOT_TCP_UDP, V4_LEN_EXCEEDS, V6_PLEN_EXCEEDS, V4_BAD_
 BAD_VERSION, V4_TOTLEN_LT_HDR, UDP_BAD_LENGTH, EXT_TOO_MANY = 26, 27, 28, 29
 TRUNC_L2, TRUNC_IP, TRUNC_L4, WIRELEN_LT_CAPLEN, UNKNOWN_LINKTYPE = 40, 41, 42, 43, 44
 CAPTURE_PARTIAL, TCP_PORT_FILTER_SUSPECTED = 60, 61
+SNAPLEN_EXCEEDED, INTERRUPTED, UNDEFINED_INTERFACE, TPACKET_V2_CLAMP, OUTPUT_FAILED, TS_OUT_OF_RANGE = (
+    62, 63, 64, 65, 66, 67)
 
 
 def message(code_id: int, value: int | str) -> str:

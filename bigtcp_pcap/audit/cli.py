@@ -16,9 +16,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..errors import CaptureError
+from ..errors import BigtcpError, OutputError
 from .cbpf import AuditResult, audit_capture
-from .libpcap import FilterError, LibpcapMissing
+from .libpcap import FilterError
 
 EXIT_CLEAN, EXIT_MISCLASSIFIED, EXIT_USAGE, EXIT_CAPTURE = 0, 1, 2, 3
 
@@ -68,17 +68,19 @@ def audit_filter(
     """
     try:
         result = audit_capture(expr, capture)
-    except LibpcapMissing as e:
-        raise _fail(str(e), EXIT_USAGE) from None
-    except FilterError as e:
-        raise _fail(f"bad filter expression {expr!r}: {e.for_linktype()}{_hint(e)}", EXIT_USAGE) from None
-    except CaptureError as e:
-        raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    except BigtcpError as e:  # FilterError, LibpcapMissing (usage, 2), CaptureError (3)
+        msg = (f"bad filter expression {expr!r}: {e.for_linktype()}{_hint(e)}" if isinstance(e, FilterError)
+               else e.one_line())
+        raise _fail(msg, e.exit_code) from None
     if parquet is not None:
         import pyarrow.parquet as pq
 
-        parquet.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(result.frames_table(), parquet)
+        try:
+            parquet.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(result.frames_table(), parquet)
+        except OSError as e:  # an output error (exit 4), one line
+            fault = OutputError.from_os(str(parquet), e)
+            raise _fail(fault.one_line(), fault.exit_code) from None
     if as_json:
         doc = result.to_json()
         doc["capture"] = str(capture)

@@ -58,6 +58,7 @@ from typing import Self
 import numpy as np
 
 from ..decode.schema import TUNNEL_NONE, PacketBatch
+from ..errors import UsageError
 from . import normalize as nz
 from .cbpf import R_NONE, REASON_NAMES, FilterAudit, feed_capture
 from .impact import FlowTally
@@ -85,7 +86,7 @@ CAVEAT_NOTE = ("test data is the captured bytes (skb->len = caplen; the __sk_buf
 
 
 # --- errors ---------------------------------------------------------------------------------------------------------
-class EbpfError(RuntimeError):
+class EbpfError(UsageError, RuntimeError):
     """Base of the eBPF audit's errors; ``str(e)`` is one line for the user."""
 
 

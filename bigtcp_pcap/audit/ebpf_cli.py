@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from ..errors import CaptureError
+from ..errors import BigtcpError
 from .cli import _fail, render_reasons_and_flows
 
 if TYPE_CHECKING:
@@ -52,14 +52,12 @@ def audit_ebpf_command(
 
     Example: sudo bigtcp-pcap audit-ebpf filter.o receiver.pcap --section tc
     """
-    from .ebpf import EbpfError, audit_ebpf  # imported by this command only (~10 ms)
+    from .ebpf import audit_ebpf  # imported by this command only (~10 ms)
 
     try:
         result = audit_ebpf(prog, capture, section)
-    except EbpfError as e:
-        raise _fail(str(e), EXIT_USAGE) from None
-    except CaptureError as e:
-        raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    except BigtcpError as e:  # EbpfError (usage, 2), CaptureError (3)
+        raise _fail(e.one_line(), e.exit_code) from None
     if as_json:
         doc = result.to_json()
         doc["capture"] = str(capture)

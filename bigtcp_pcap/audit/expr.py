@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..errors import UsageError
+
 PROTO_WORDS = frozenset(["ether", "fddi", "tr", "wlan", "ip", "ip6", "arp", "rarp", "decnet", "lat", "sca",
                          "moprc", "mopdl", "tcp", "udp", "sctp", "icmp", "icmp6", "igmp", "igrp", "pim",
                          "vrrp", "carp", "ah", "esp", "iso", "esis", "isis", "clnp", "stp", "ipx", "netbeui",
@@ -40,7 +42,7 @@ _WORD_OUT = re.compile(r"\\?[A-Za-z0-9_.:/][A-Za-z0-9_.:/\-]*")  # hosts, v4/v6/
 _WORD_IN = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*[A-Za-z0-9_]|[A-Za-z_]|0[xX][0-9a-fA-F]+|[0-9]+")
 
 
-class ExprSyntaxError(ValueError):
+class ExprSyntaxError(UsageError, ValueError):
     """The expression has a shape this parser does not follow (libpcap may still accept it)."""
 
 

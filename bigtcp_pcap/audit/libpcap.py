@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import UsageError
 from . import bpfvm
 from . import linktypes as LT
 
@@ -41,7 +42,7 @@ _LIB_NAMES = ("libpcap.so.0.8", "libpcap.so.1", "libpcap.so", "libpcap.dylib")
 INSTALL_HINT = "install it with: apt-get install libpcap0.8"
 
 
-class LibpcapMissing(RuntimeError):
+class LibpcapMissing(UsageError, RuntimeError):
     """The system libpcap shared library could not be loaded."""
 
     def __init__(self, detail: str = ""):
@@ -50,7 +51,7 @@ class LibpcapMissing(RuntimeError):
                          f"{INSTALL_HINT}")
 
 
-class FilterError(ValueError):
+class FilterError(UsageError, ValueError):
     """libpcap rejected the filter expression; ``message`` is libpcap's own text (as tcpdump prints it)."""
 
     def __init__(self, expr: str, message: str, linktype: int | None = None):

@@ -4,6 +4,11 @@
 one buffer (``chunk_size``, grown only for a single record that is larger) however large the capture is.
 On a fault it first yields every complete record before the fault, then raises ``CaptureError`` naming the
 frame and byte offset; callers keep what they got and mark their output partial.
+
+What a readable file holds is read whole, as Wireshark does: records of any link type are handed on (the
+decoder says which it decodes), a record longer than its snaplen is kept whole, a pcapng packet block naming an
+interface no IDB defined is skipped, and a timestamp that does not fit int64 nanoseconds is ``TS_UNKNOWN``.
+Each of these is counted in ``info.notes`` (one finding row per condition at the end, not one per frame).
 """
 
 from __future__ import annotations
@@ -16,13 +21,25 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .. import findings as F
 from ..errors import CaptureError
 from . import walk
+from .notes import CaptureNotes
 from .source import Source
 
-MAX_CAPLEN = 256 << 20  # a record larger than this is corrupt, whatever the header says
-SUPPORTED_LINKTYPES = {0: "NULL", 1: "EN10MB", 12: "RAW", 14: "RAW", 101: "RAW", 108: "LOOP", 113: "LINUX_SLL",
-                       228: "IPV4", 229: "IPV6", 276: "LINUX_SLL2"}
+# A record larger than this is corrupt, whatever the header says. libpcap (sf-pcap.c) refuses a caplen above
+# max_snaplen_for_dlt() (262144, MAXIMUM_SNAPLEN) and tshark above its per-encapsulation maximum (262144 for
+# Ethernet): measured on an Ethernet record of 300014 bytes, tcpdump 4.99.3 stops with "invalid packet capture
+# length 300014, bigger than snaplen of 262144" and tshark 4.0.17 with "appears to have been cut short". Both would
+# refuse BIG TCP frames of 256-512 KiB, which the kernel does write. 256 MiB keeps every real frame and still
+# stops a corrupt length before it allocates gigabytes.
+MAX_CAPLEN = 256 << 20
+TS_UNKNOWN = int(walk.TS_UNKNOWN)
+# libpcap's TPACKET_V2 ring (tcpdump --immediate-mode) on an Ethernet device with offloads on sizes its frames
+# for MAX(mtu, 65535) + 18 bytes (pcap-linux.c create_ring), and the kernel cuts a longer (BIG TCP) frame to what
+# its ring slot holds: that size plus the slot's 16-byte alignment slack, plus 4 when libpcap re-inserts a VLAN
+# tag. Measured (scripts/capture_tpacket_clamp.sh, libpcap 1.10.3, Linux 6.18): caplen 65562 of 184306.
+TPACKET_V2_CLAMP = (65535 + 18, 65535 + 18 + 15 + 4)  # caplen range, both ends included
 PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multiplier to ns)
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
 PCAPNG_BOM = 0x1A2B3C4D
@@ -43,6 +60,11 @@ class RecordBatch:
     if_id: np.ndarray  # uint32
     frame: np.ndarray  # uint64, 1-based
     file_off: np.ndarray  # int64, byte offset of the record header in the uncompressed stream
+    epb_flags: np.ndarray | None = None  # uint32, the pcapng epb_flags option (0 when absent or pcap)
+
+    def __post_init__(self) -> None:
+        if self.epb_flags is None:
+            self.epb_flags = np.zeros(self.off.shape[0], np.uint32)
 
     def __len__(self) -> int:
         return int(self.off.shape[0])
@@ -67,6 +89,7 @@ class CaptureInfo:
     last_ts_ns: int | None = None
     sha256: str | None = None  # of the file as stored, when the reader was asked for it
     error: CaptureError | None = None
+    notes: CaptureNotes = field(default_factory=CaptureNotes)  # counted capture-level findings
 
     @property
     def partial(self) -> bool:
@@ -87,7 +110,8 @@ class CaptureReader:
         self._base = 0  # stream offset of _buf[0]
         self._frame = 1
         self._stream_error: tuple[str, int] | None = None
-        self._const_linktype: int | None = None  # pcap: one supported linktype for every record
+        self._const_linktype: int | None = None  # pcap: the one linktype of every record
+        self._snaplen_by_if = np.zeros(0, np.int64)  # pcapng: each interface's snaplen (0: none)
 
     # --- buffer management --------------------------------------------------------------------------------
     def _fill(self, keep_from: int, need: int) -> bool:
@@ -143,10 +167,10 @@ class CaptureReader:
         except CaptureError as e:
             self.info.error = e
             raise
-        finally:
-            if self.info.error is None:
-                self.src.drain()
-            self.info.sha256 = self.src.sha256_hex() if self.info.error is None else None
+        else:
+            self.src.drain()  # read to the end: the SHA-256 covers the whole file
+            self.info.sha256 = self.src.sha256_hex()
+        finally:  # also when the caller stops early (an interrupt closes the generator): no hash, no drain
             self.src.close()
 
     def _arrays(self):
@@ -154,38 +178,49 @@ class CaptureReader:
         return (np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.uint32), np.empty(n, np.int64),
                 np.empty(n, np.int64))
 
-    def _emit(self, n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id) -> RecordBatch | None:
+    def _emit(self, n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags=None,
+              snaplen: int | np.ndarray = 0) -> RecordBatch | None:
+        """The first n walked records as a batch; counts the capture-level notes. ``snaplen``: the file's, or
+        one per interface (indexed by if_id); 0 means none."""
         if n == 0:
             return None
-        # an unsupported linktype is a fault at the first frame that has it
-        fault = None
-        const = self._const_linktype
-        bad = None if const is not None else ~np.isin(linktype[:n], np.fromiter(SUPPORTED_LINKTYPES, np.uint16))
-        if bad is not None and bad.any():
-            k = int(np.argmax(bad))
-            fault = CaptureError(self.info.name, f"linktype {int(linktype[k])} is not supported (supported: "
-                                 + ", ".join(f"{v} {k2}" for k2, v in sorted(SUPPORTED_LINKTYPES.items())) + ")",
-                                 frame=self._frame + k, offset=self._base + int(rec_pos[k]))
-            n = k
         frames = np.arange(self._frame, self._frame + n, dtype=np.uint64)
         batch = RecordBatch(self._buf, off[:n].copy(), caplen[:n].copy(), wirelen[:n].copy(), ts_ns[:n].copy(),
-                            linktype[:n].copy(), if_id[:n].copy(), frames, rec_pos[:n] + self._base)
-        if n:
-            self._frame += n
-            self.info.packets += n
-            if const is None:
-                self.info.linktypes.update(np.flatnonzero(np.bincount(batch.linktype)).tolist())
-            else:
-                self.info.linktypes.add(const)
+                            linktype[:n].copy(), if_id[:n].copy(), frames, rec_pos[:n] + self._base,
+                            None if flags is None else flags[:n].copy())
+        self._frame += n
+        self.info.packets += n
+        const = self._const_linktype
+        if const is None:
+            self.info.linktypes.update(np.flatnonzero(np.bincount(batch.linktype)).tolist())
+        else:
+            self.info.linktypes.add(const)
+        self._note(batch, snaplen)
+        known = batch.ts_ns[batch.ts_ns != TS_UNKNOWN]
+        if known.shape[0]:
             if self.info.first_ts_ns is None:
-                self.info.first_ts_ns = int(batch.ts_ns[0])
-            self.info.last_ts_ns = int(batch.ts_ns[-1])
-        if fault is not None:
-            if n:
-                self._pending_fault = fault
-                return batch
-            raise fault
+                self.info.first_ts_ns = int(known[0])
+            self.info.last_ts_ns = int(known[-1])
         return batch
+
+    def _note(self, b: RecordBatch, snaplen: int | np.ndarray) -> None:
+        """Count what the frames of a batch say about the capture (one finding per condition at the end)."""
+        notes = self.info.notes
+        snap = snaplen[b.if_id] if isinstance(snaplen, np.ndarray) else snaplen
+        over = (b.caplen > snap) & (snap > 0)
+        if over.any():
+            notes.count_by_value(F.SNAPLEN_EXCEEDED, np.broadcast_to(snap, over.shape)[over], b.frame[over])
+        lo, hi = TPACKET_V2_CLAMP
+        clamp = (b.caplen >= lo) & (b.caplen <= hi) & (b.wirelen > b.caplen) & (b.linktype == 1)
+        if isinstance(snap, int) and 0 < snap <= hi:  # cut by the file's own snaplen, not by the ring
+            clamp[:] = False
+        elif not isinstance(snap, int):
+            clamp &= (snap == 0) | (snap > hi)
+        if clamp.any():
+            notes.count_by_value(F.TPACKET_V2_CLAMP, b.caplen[clamp], b.frame[clamp])
+        bad_ts = b.ts_ns == TS_UNKNOWN
+        if bad_ts.any():
+            notes.count_by_value(F.TS_OUT_OF_RANGE, b.if_id[bad_ts], b.frame[bad_ts])
 
     def _iter_pcap(self, be: bool, ts_mul: int) -> Iterator[RecordBatch]:
         if not self._fill(0, 24):
@@ -195,28 +230,23 @@ class CaptureReader:
         _, _vmaj, _vmin, _, _, snaplen, lt = struct.unpack(e + "IHHiIII", hdr)
         linktype_val = lt & 0x0FFFFFFF & 0xFFFF  # upper bits carry FCS length flags
         self.info.snaplens.add(snaplen)
-        max_caplen = min(MAX_CAPLEN, snaplen) if snaplen else MAX_CAPLEN
         off, caplen, wirelen, ts_ns, rec_pos = self._arrays()
         linktype = np.full(self.batch_size, linktype_val, np.uint16)
-        if linktype_val in SUPPORTED_LINKTYPES:
-            self._const_linktype = linktype_val
+        self._const_linktype = linktype_val
         if_id = np.zeros(self.batch_size, np.uint32)
         pos = 24
-        self._pending_fault = None
         while True:
-            n, pos, status, need = walk.walk_pcap(self._buf, pos, self._buf.shape[0], be, ts_mul, max_caplen,
+            n, pos, status, need = walk.walk_pcap(self._buf, pos, self._buf.shape[0], be, ts_mul, MAX_CAPLEN,
                                                   off, caplen, wirelen, ts_ns, rec_pos)
             rec = pos  # the record the walk stopped at
-            batch = self._emit(n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id)
+            batch = self._emit(n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, snaplen=snaplen)
             if batch is not None:
                 yield batch
-            if self._pending_fault is not None:
-                raise self._pending_fault
             if status == walk.FULL:
                 continue
             if status == walk.BAD_CAPLEN:
-                raise self._err(f"record caplen {need} exceeds the file's snaplen {snaplen} (or {MAX_CAPLEN}): "
-                                "corrupt record header", self._base + rec)
+                raise self._err(f"record caplen {need} exceeds {MAX_CAPLEN} bytes: corrupt record header",
+                                self._base + rec)
             # NEED: refill keeping the partial record
             avail = self._buf.shape[0] - rec
             if avail == 0 and self._eof:
@@ -235,60 +265,65 @@ class CaptureReader:
         off, caplen, wirelen, ts_ns, rec_pos = self._arrays()
         linktype = np.empty(self.batch_size, np.uint16)
         if_id = np.empty(self.batch_size, np.uint32)
-        ifs: list[tuple[int, int, int, int, int]] = []  # linktype, snaplen, mul, div, off_ns
+        flags = np.zeros(self.batch_size, np.uint32)
+        stats = np.zeros(3, np.int64)
+        ifs = _Interfaces()
         be = False
         pos = 0
-        self._pending_fault = None
         while True:
-            arr = np.array(ifs, dtype=np.int64).reshape(-1, 5)
             n, pos, status, need = walk.walk_pcapng(
-                self._buf, pos, self._buf.shape[0], be, arr[:, 0].astype(np.uint16), arr[:, 1].copy(),
-                arr[:, 2].astype(np.uint64), arr[:, 3].astype(np.uint64), arr[:, 4].copy(), len(ifs), MAX_CAPLEN,
-                off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id)
+                self._buf, pos, self._buf.shape[0], be, *ifs.arrays(), MAX_CAPLEN,
+                off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags, stats)
             rec = pos
-            batch = self._emit(n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id)
+            batch = self._emit(n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags, ifs.snaplen[:ifs.n])
             if batch is not None:
                 yield batch
-            if self._pending_fault is not None:
-                raise self._pending_fault
+            self._note_undefined_interfaces(stats)
             at = self._base + rec
             if status == walk.FULL:
                 continue
             if status == walk.STOP_BLOCK:
-                # SHB or IDB: make sure the whole block is buffered, then parse it here
-                if not self._ensure(rec, 12):
-                    raise self._err("truncated pcapng block header", at)
-                rec = 0
-                btype = int.from_bytes(self._buf[0:4].tobytes(), "big" if be else "little")
+                # SHB or IDB: parse it where it lies (refilling only when it is not wholly buffered: a refill
+                # per block made 20,000 IDBs quadratic)
+                if self._buf.shape[0] - rec < 12:
+                    if not self._fill(rec, 12):
+                        raise self._err("truncated pcapng block header", at)
+                    rec = 0
+                btype = int.from_bytes(self._buf[rec:rec + 4].tobytes(), "big" if be else "little")
                 if btype == walk.PCAPNG_SHB:
-                    if not self._ensure(0, 12):
-                        raise self._err("truncated section header", at)
-                    bom = self._buf[8:12].tobytes()
+                    bom = self._buf[rec + 8:rec + 12].tobytes()
                     if bom == PCAPNG_BOM.to_bytes(4, "little"):
                         be = False
                     elif bom == PCAPNG_BOM.to_bytes(4, "big"):
                         be = True
                     else:
                         raise self._err(f"bad pcapng byte-order magic {bom.hex()}", at + 8)
-                    ifs = []
-                blen = int.from_bytes(self._buf[4:8].tobytes(), "big" if be else "little")
+                    ifs = _Interfaces()
+                blen = int.from_bytes(self._buf[rec + 4:rec + 8].tobytes(), "big" if be else "little")
                 if blen < 12 or blen % 4:
                     raise self._err(f"pcapng block length {blen} is invalid", at + 4)
-                if not self._ensure(0, blen):
-                    raise self._err(f"truncated pcapng block: {self._buf.shape[0]} of {blen} bytes", at)
-                block = self._buf[:blen].tobytes()
+                if blen > MAX_CAPLEN + 4096:
+                    raise self._err(f"pcapng block length {blen} exceeds {MAX_CAPLEN + 4096}: corrupt block", at + 4)
+                if self._buf.shape[0] - rec < blen:
+                    if not self._fill(rec, blen):
+                        self._raise_stream_error()
+                        raise self._err(f"truncated pcapng block: {self._buf.shape[0]} of {blen} bytes", at)
+                    rec = 0
+                block = self._buf[rec:rec + blen].tobytes()
                 e = ">" if be else "<"
                 if struct.unpack(e + "I", block[-4:])[0] != blen:
                     raise self._err("pcapng block lengths disagree (leading vs trailing)", at)
                 if btype == walk.PCAPNG_IDB:
-                    ifs.append(self._parse_idb(block, e, at))
-                pos = blen
+                    ifs.add(*self._parse_idb(block, e, at))
+                pos = rec + blen
                 continue
             if status == walk.NEED:
                 avail = self._buf.shape[0] - rec
                 if avail == 0 and self._eof:
                     self._raise_stream_error()
                     return
+                if need > MAX_CAPLEN + 4096:
+                    raise self._err(f"pcapng block length {need} exceeds {MAX_CAPLEN + 4096}: corrupt block", at)
                 if not self._fill(rec, int(need)):
                     self._raise_stream_error()
                     raise self._err(f"truncated pcapng block: {self._buf.shape[0]} of {int(need)} bytes present "
@@ -297,11 +332,21 @@ class CaptureReader:
                 continue
             msgs = {walk.BAD_BLOCK_LEN: f"pcapng block length {need} is invalid",
                     walk.BAD_TRAILER: "pcapng block lengths disagree (leading vs trailing)",
-                    walk.BAD_IF: f"packet refers to interface {need}, which no Interface Description Block defines",
                     walk.BAD_EPB_LEN: f"packet block of {need} bytes cannot hold its captured length",
-                    walk.BAD_CAPLEN: f"record caplen {need} exceeds the interface snaplen (or {MAX_CAPLEN}): "
-                    "corrupt block"}
+                    walk.BAD_CAPLEN: f"record caplen {need} exceeds {MAX_CAPLEN} bytes: corrupt block"}
             raise self._err(msgs.get(status, f"pcapng walk status {status}"), at)
+
+    def _note_undefined_interfaces(self, stats: np.ndarray) -> None:
+        """Packet blocks the walk skipped because no IDB defines their interface: one note, first at its offset."""
+        if stats[walk.STAT_UNDEF_IF]:
+            k = int(stats[walk.STAT_UNDEF_IF])
+            notes = self.info.notes
+            key = (F.UNDEFINED_INTERFACE, int(stats[walk.STAT_UNDEF_IF_ID]))
+            if key not in notes.notes:
+                notes.count(key[0], key[1], np.array([self._frame], np.uint64))
+                k -= 1
+            notes.notes[key].count += k
+            stats[walk.STAT_UNDEF_IF] = 0
 
     def _ensure(self, start: int, need: int) -> bool:
         """Make _buf start at ``start`` (relative) and hold at least ``need`` bytes."""
@@ -309,33 +354,74 @@ class CaptureReader:
             return True
         return self._fill(start, need)
 
-    def _parse_idb(self, block: bytes, e: str, at: int) -> tuple[int, int, int, int, int]:
+    def _parse_idb(self, block: bytes, e: str, at: int) -> tuple[int, int, int, int, int, int]:
+        """(linktype, snaplen, mul, div, shift, offset seconds) of an IDB: see ``ts_resolution``."""
         if len(block) < 20:
             raise self._err("interface description block too short", at)
         lt, _, snaplen = struct.unpack(e + "HHI", block[8:16])
         self.info.snaplens.add(snaplen)
-        mul, div, off_ns = 1000, 1, 0  # default resolution: microseconds
+        resol, off_s = 6, 0  # default resolution: microseconds
         p = 16
         end = len(block) - 4
         while p + 4 <= end:
             code, olen = struct.unpack(e + "HH", block[p:p + 4])
-            val = block[p + 4:p + 4 + olen]
+            val = block[p + 4:min(p + 4 + olen, end)]
             if code == 0:
                 break
-            if code == 9 and olen >= 1:  # if_tsresol
-                r = val[0]
-                if r & 0x80:
-                    mul, div = 1_000_000_000, 1 << (r & 0x7F)
-                else:
-                    exp = r & 0x7F
-                    if exp <= 9:
-                        mul, div = 10 ** (9 - exp), 1
-                    else:
-                        mul, div = 1, 10 ** (exp - 9)
-            elif code == 14 and olen >= 8:  # if_tsoffset, seconds
-                off_ns = struct.unpack(e + "q", val[:8])[0] * 1_000_000_000
+            if code == 9 and len(val) >= 1:  # if_tsresol
+                resol = val[0]
+            elif code == 14 and len(val) >= 8:  # if_tsoffset, seconds (signed 64 bits)
+                off_s = struct.unpack(e + "q", val[:8])[0]
             p += 4 + olen + (-olen % 4)
-        return lt, snaplen, mul, div, off_ns
+        return (lt, snaplen, *ts_resolution(resol), off_s)
+
+
+class _Interfaces:
+    """The interfaces of one pcapng section as column arrays for the walk, grown by doubling (linear in IDBs)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.linktype = np.zeros(4, np.uint16)
+        self.snaplen = np.zeros(4, np.int64)
+        self.mul = np.zeros(4, np.uint64)
+        self.div = np.ones(4, np.uint64)
+        self.shift = np.zeros(4, np.uint64)
+        self.off_s = np.zeros(4, np.int64)
+
+    def add(self, lt: int, snaplen: int, mul: int, div: int, shift: int, off_s: int) -> None:
+        if self.n == self.linktype.shape[0]:
+            for name in ("linktype", "snaplen", "mul", "div", "shift", "off_s"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        i = self.n
+        self.linktype[i], self.snaplen[i], self.mul[i], self.div[i] = lt, snaplen, mul, div
+        self.shift[i], self.off_s[i] = shift, off_s
+        self.n += 1
+
+    def arrays(self) -> tuple:
+        """The walk's interface arguments: linktype, snaplen, mul, div, shift, off_s, count."""
+        k = self.n
+        return (self.linktype[:k], self.snaplen[:k], self.mul[:k], self.div[:k], self.shift[:k], self.off_s[:k], k)
+
+
+def ts_resolution(resol: int) -> tuple[int, int, int]:
+    """(mul, div, shift) for an if_tsresol byte, so that ns = (units >> shift) * mul / (div >> shift) fits 64 bits.
+
+    Bit 7 clear: units of 10**-r s; set: 2**-(r & 0x7f) s (pcapng section 4.2). div 0 stands for 2**64. A
+    resolution finer than a nanosecond loses only sub-nanosecond digits; mul 0 means every timestamp is below
+    one nanosecond (plus the offset), which is exactly what such a resolution says.
+    """
+    r = resol & 0x7F
+    if not resol & 0x80:
+        if r <= 9:
+            return 10 ** (9 - r), 1, 0
+        if r - 9 <= 19:  # 10**19 < 2**64
+            return 1, 10 ** (r - 9), 0
+        return 0, 1, 0  # units of 10**-29 s or finer: 2**64 units are < 1 ns
+    shift = max(0, r - 34)  # frac < 2**34 so frac * 10**9 < 2**64
+    if shift >= 64:
+        return 0, 1, 0
+    return 1_000_000_000, (1 << r) if r < 64 else 0, shift
 
 
 def read_batches(source: str | os.PathLike | BinaryIO, **kw) -> Iterator[RecordBatch]:

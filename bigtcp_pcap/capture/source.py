@@ -7,7 +7,6 @@ The stream handed to the record walk is always uncompressed. The raw (possibly c
 from __future__ import annotations
 
 import bz2
-import gzip
 import hashlib
 import io
 import lzma
@@ -86,12 +85,8 @@ class Source:
         # what a damaged compressed stream raises while it is read (turned into a CaptureError by the reader)
         self.stream_errors: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, zlib.error,
                                                                 lzma.LZMAError)
-        if self.compression == "gzip":
-            self.stream: BinaryIO = gzip.GzipFile(fileobj=buffered, mode="rb")
-        elif self.compression == "bzip2":
-            self.stream = bz2.BZ2File(buffered, "rb")
-        elif self.compression == "xz":
-            self.stream = lzma.LZMAFile(buffered, "rb")  # noqa: SIM115 - open for the reader's life, closed by close()
+        if self.compression in ("gzip", "bzip2", "xz"):
+            self.stream: BinaryIO = Decompressing(buffered, self.compression)
         elif self.compression == "zstd":
             try:
                 import zstandard
@@ -126,45 +121,156 @@ class Source:
             self._close.close()
 
 
-class ZstdReader(io.RawIOBase):
-    """zstd frames one after another, raising EOFError when the input ends inside a frame.
+# Compressed input is fed in pieces of this size; each call's output is bounded by the caller's buffer, so a
+# decompression bomb costs what the reader asked for (a few MiB to sniff the magic), not what it expands to.
+IN_CHUNK = 1 << 16
 
-    (zstandard's stream_reader reports a frame cut short as a clean end of data, which would make a truncated
-    capture look complete.)
+
+class Decompressing(io.RawIOBase):
+    """gzip / bzip2 / xz members one after another, with output bounded per call and nothing decoded ever lost.
+
+    The standard library's file objects (``gzip.GzipFile``, ...) read through a buffer that drops what it
+    decoded when the stream turns out truncated or corrupt: a ``tcpdump -w - | gzip`` killed mid-run gave none
+    of the packets it held. Here each ``readinto`` returns what it decoded, and the error (``EOFError`` for a
+    stream that ends inside a member, the decompressor's own error for corrupt bytes) comes from the next call.
     """
 
-    def __init__(self, raw: BinaryIO, zstandard):
+    def __init__(self, raw: BinaryIO, kind: str):
         self._raw = raw
-        self._zstd = zstandard
-        self._dobj = zstandard.ZstdDecompressor().decompressobj()
-        self._out = b""
-        self._pos = 0  # bytes of _out already handed out (the rest is not re-sliced per call: a copy each time)
-        self._in_frame = False
+        self._kind = kind
+        self._dec = self._new()
+        self._pending = b""  # compressed input not yet given to the decompressor
+        self._started = False  # the current member has consumed input
+
+    def _new(self):
+        if self._kind == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return bz2.BZ2Decompressor() if self._kind == "bzip2" else lzma.LZMADecompressor()
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:  # type: ignore[override]
-        while self._pos >= len(self._out):
-            chunk = self._raw.read(1 << 17)
-            if not chunk:
-                if self._in_frame:
-                    raise EOFError("zstd stream ends inside a frame (truncated file)")
-                return 0
-            parts = []
-            while chunk:
-                self._in_frame = True
-                parts.append(self._dobj.decompress(chunk))
-                chunk = b""
-                if self._dobj.eof:  # frame complete; the rest of the chunk starts the next frame
-                    chunk = self._dobj.unused_data
-                    self._dobj = self._zstd.ZstdDecompressor().decompressobj()
-                    self._in_frame = False
-            self._out = parts[0] if len(parts) == 1 else b"".join(parts)
-            self._pos = 0
-        n = min(len(b), len(self._out) - self._pos)
-        memoryview(b).cast("B")[:n] = memoryview(self._out)[self._pos:self._pos + n]
-        self._pos += n
+        mv = memoryview(b).cast("B")
+        while True:
+            if self._dec.eof:  # a member ended: what follows is the next one, or the end of the file
+                rest = self._dec.unused_data + self._pending
+                if self._kind == "gzip":  # gzip allows zero padding after a member (as gzip(1) and Python's gzip)
+                    rest = rest.lstrip(b"\0")
+                self._dec, self._pending, self._started = self._new(), rest, False
+            data = self._pending
+            if not data and self._wants_input():
+                data = self._raw.read(IN_CHUNK)
+                if not data:
+                    if self._started:
+                        raise EOFError(f"{self._kind} stream ends inside a member (truncated file)")
+                    return 0
+            self._started = True
+            out = self._dec.decompress(data, len(mv))
+            self._pending = self._dec.unconsumed_tail if self._kind == "gzip" else b""
+            if out:
+                mv[:len(out)] = out
+                return len(out)
+
+    def _wants_input(self) -> bool:
+        if self._kind == "gzip":
+            return not self._dec.unconsumed_tail
+        return self._dec.needs_input
+
+
+class _ZstdFrameWalk:
+    """Follows the frame and block headers of a zstd stream (RFC 8878 section 3.1) as its bytes go by.
+
+    zstandard's bounded ``stream_reader`` reports a stream cut inside a frame as a clean end of data, which
+    would make a truncated capture look complete; this walk says whether the bytes seen so far end inside a
+    frame. It reads 3 header bytes per block (at most 128 KiB) and skips the rest, so it costs next to nothing.
+    """
+
+    def __init__(self) -> None:
+        self.state, self.need, self.skip, self.checksum = "magic", 4, 0, False
+        self._buf = b""
+
+    @property
+    def inside(self) -> bool:
+        return self.state not in ("magic", "unknown") or bool(self._buf) or self.skip > 0
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n and self.state != "unknown":
+            if self.skip:
+                k = min(self.skip, n - i)
+                self.skip -= k
+                i += k
+                continue
+            take = min(self.need - len(self._buf), n - i)
+            self._buf += data[i:i + take]
+            i += take
+            while len(self._buf) >= self.need and self.state != "unknown":  # a field is complete
+                field, self._buf = self._buf[:self.need], b""
+                self._field(field)
+                if self.need:
+                    break
+
+    def _field(self, f: bytes) -> None:
+        v = int.from_bytes(f, "little")
+        if self.state == "magic":
+            if v == 0xFD2FB528:
+                self.state, self.need = "fhd", 1
+            elif v & 0xFFFFFFF0 == 0x184D2A50:  # skippable frame
+                self.state, self.need = "skip_size", 4
+            else:
+                self.state = "unknown"  # the decompressor reports it
+        elif self.state == "skip_size":
+            self.state, self.need, self.skip = "magic", 4, v
+        elif self.state == "fhd":
+            single = bool(v & 0x20)
+            fcs = (1 if single else 0, 2, 4, 8)[v >> 6]
+            self.checksum = bool(v & 0x04)
+            self.state, self.need = "header", (0 if single else 1) + (0, 1, 2, 4)[v & 3] + fcs
+            if self.need == 0:
+                self.state, self.need = "block", 3
+        elif self.state == "header":
+            self.state, self.need = "block", 3
+        elif self.state == "block":
+            last, btype, size = v & 1, (v >> 1) & 3, v >> 3
+            self.skip = 1 if btype == 1 else size
+            if not last:
+                self.need = 3
+            elif self.checksum:
+                self.state, self.need = "checksum", 4
+            else:
+                self.state, self.need = "magic", 4
+        elif self.state == "checksum":
+            self.state, self.need = "magic", 4
+
+
+class _Tee:
+    """A reader that shows every byte it hands out to a ``_ZstdFrameWalk``."""
+
+    def __init__(self, raw: BinaryIO, walk: _ZstdFrameWalk):
+        self._raw, self._walk = raw, walk
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self._walk.feed(data)
+        return data
+
+
+class ZstdReader(io.RawIOBase):
+    """zstd frames one after another, output bounded per call, raising EOFError when the input ends in a frame."""
+
+    def __init__(self, raw: BinaryIO, zstandard):
+        self._walk = _ZstdFrameWalk()
+        self._reader = zstandard.ZstdDecompressor().stream_reader(_Tee(raw, self._walk), read_size=IN_CHUNK,
+                                                                   read_across_frames=True)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        n = self._reader.readinto(b)
+        if not n and self._walk.inside:
+            raise EOFError("zstd stream ends inside a frame (truncated file)")
         return n
 
 

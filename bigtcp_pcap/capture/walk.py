@@ -69,17 +69,73 @@ def walk_pcap(data, pos, end, be, ts_mul, max_caplen, off, caplen, wirelen, ts_n
         pos += 16 + np.int64(incl)
 
 
+TS_UNKNOWN = np.int64(-(1 << 63))  # a timestamp that does not fit int64 nanoseconds since 1970 (years 1677-2262)
+_I64_MAX = np.uint64((1 << 63) - 1)
+_U64_MAX = np.uint64((1 << 64) - 1)
+_OFF_S_MAX = np.int64(9_223_372_036)  # |if_tsoffset| beyond this many seconds cannot be int64 nanoseconds
+EPB_FLAGS = 2  # the epb_flags option code (pcapng section 4.3.1)
+# stats[] slots a pcapng walk adds to (the caller keeps them across calls)
+STAT_UNDEF_IF, STAT_UNDEF_IF_OFF, STAT_UNDEF_IF_ID = 0, 1, 2
+
+
 @njit(cache=True)
-def _ts_to_ns(units, mul, div, off_ns):
-    return np.int64((units // div) * mul + ((units % div) * mul) // div) + off_ns
+def _ts_to_ns(units, mul, div, shift, off_s):
+    """units * mul / div (+ off_s seconds) in int64 ns without overflow; TS_UNKNOWN when it does not fit.
+
+    div == 0 stands for 2**64 (a binary resolution finer than 2**-64 s); shift drops low bits of the fraction
+    first so that ``frac * mul`` fits 64 bits (a binary resolution finer than 2**-34 s; below 1 ns either way).
+    """
+    u = np.uint64(units)
+    if div == 0:  # 2**64: every units value is a fraction of a second; div >> shift is 2**34 (ts_resolution)
+        whole = np.uint64(0)
+        frac = u
+        dd = np.uint64(1) << np.uint64(34)
+    else:
+        whole = u // div
+        frac = u % div
+        dd = div >> shift
+    frac_ns = ((frac >> shift) * mul) // dd
+    if mul != 0 and whole > (_U64_MAX - frac_ns) // mul:
+        return TS_UNKNOWN
+    base = whole * mul + frac_ns  # uint64: a negative offset may still bring it into range
+    if off_s > _OFF_S_MAX or off_s < -_OFF_S_MAX:
+        return TS_UNKNOWN
+    if off_s >= 0:
+        off_ns = np.uint64(off_s) * np.uint64(1_000_000_000)
+        if base > _I64_MAX - off_ns:
+            return TS_UNKNOWN
+        return np.int64(base + off_ns)
+    neg = np.uint64(-off_s) * np.uint64(1_000_000_000)
+    if base >= neg:
+        if base - neg > _I64_MAX:
+            return TS_UNKNOWN
+        return np.int64(base - neg)
+    return -np.int64(neg - base)
+
+
+@njit(cache=True)
+def _epb_flags(data, opt, oend, be):
+    """The epb_flags option value in the EPB options data[opt:oend], 0 when absent."""
+    while opt + 4 <= oend:
+        code = rd16(data, opt, be)
+        olen = np.int64(rd16(data, opt + 2, be))
+        if code == 0:
+            return np.uint32(0)
+        if code == EPB_FLAGS and olen >= 4 and opt + 8 <= oend:
+            return rd32(data, opt + 4, be)
+        opt += 4 + ((olen + 3) & ~np.int64(3))
+    return np.uint32(0)
 
 
 @njit(cache=True, entry=True)
-def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_off_ns, n_if, max_caplen,
-                off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id):
+def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_shift, if_off_s, n_if, max_caplen,
+                off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags, stats):
     """pcapng packet blocks (EPB, SPB, obsolete PB); other unknown blocks are skipped.
 
     Stops with STOP_BLOCK at an SHB or IDB (the caller parses it and calls again). Returns like walk_pcap.
+    A caplen above the interface's snaplen is read whole (as Wireshark does; the caller notes it); only one
+    above ``max_caplen`` is corrupt. A packet block naming an interface no IDB defined is skipped and counted
+    in ``stats`` (one interface's problem does not stop the others). ``flags`` gets each EPB's epb_flags.
     """
     n = 0
     cap = off.shape[0]
@@ -107,27 +163,42 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
                 iid = np.int64(rd32(data, pos + 8, be))
             else:
                 iid = np.int64(rd16(data, pos + 8, be))
-            if iid >= n_if:
-                return n, pos, BAD_IF, iid
-            tsh = np.uint64(rd32(data, pos + 12, be))
-            tsl = np.uint64(rd32(data, pos + 16, be))
             incl = rd32(data, pos + 20, be)
-            orig = rd32(data, pos + 24, be)
-            if incl > max_caplen or (if_snaplen[iid] > 0 and incl > if_snaplen[iid]):
+            if incl > max_caplen:
                 return n, pos, BAD_CAPLEN, np.int64(incl)
             if 28 + np.int64(incl) + 4 > blen:
                 return n, pos, BAD_EPB_LEN, blen
+            if iid >= n_if:
+                if stats[STAT_UNDEF_IF] == 0:
+                    stats[STAT_UNDEF_IF_OFF] = pos
+                    stats[STAT_UNDEF_IF_ID] = iid
+                stats[STAT_UNDEF_IF] += 1
+                pos += blen
+                continue
+            tsh = np.uint64(rd32(data, pos + 12, be))
+            tsl = np.uint64(rd32(data, pos + 16, be))
+            orig = rd32(data, pos + 24, be)
             off[n] = pos + 28
             caplen[n] = incl
             wirelen[n] = orig
-            ts_ns[n] = _ts_to_ns((tsh << np.uint64(32)) | tsl, if_mul[iid], if_div[iid], if_off_ns[iid])
+            ts_ns[n] = _ts_to_ns((tsh << np.uint64(32)) | tsl, if_mul[iid], if_div[iid], if_shift[iid],
+                                 if_off_s[iid])
             rec_pos[n] = pos
             linktype[n] = if_linktype[iid]
             if_id[n] = iid
+            if btype == PCAPNG_EPB:
+                flags[n] = _epb_flags(data, pos + 28 + ((np.int64(incl) + 3) & ~np.int64(3)), pos + blen - 4, be)
+            else:
+                flags[n] = 0
             n += 1
         elif btype == PCAPNG_SPB:
             if n_if < 1:
-                return n, pos, BAD_IF, 0
+                if stats[STAT_UNDEF_IF] == 0:
+                    stats[STAT_UNDEF_IF_OFF] = pos
+                    stats[STAT_UNDEF_IF_ID] = 0
+                stats[STAT_UNDEF_IF] += 1
+                pos += blen
+                continue
             orig = rd32(data, pos + 8, be)
             incl = np.int64(orig)
             room = blen - 16
@@ -141,5 +212,6 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
             rec_pos[n] = pos
             linktype[n] = if_linktype[0]
             if_id[n] = 0
+            flags[n] = 0
             n += 1
         pos += blen

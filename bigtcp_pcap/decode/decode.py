@@ -65,6 +65,6 @@ def decode(rb: RecordBatch) -> tuple[PacketBatch, FindingRows]:
         tcp_opt_hash=o64[K.U64_OPT_HASH], tcp_mss=o16[K.U16_MSS], tcp_wscale=oi8[0],
         tcp_sack_perm=o8[K.U8_SACK_PERM].view(np.bool_), tcp_sack_blocks=o8[K.U8_SACK_BLOCKS],
         tcp_has_ts=o8[K.U8_HAS_TS].view(np.bool_), tcp_ts_val=o32[K.U32_TS_VAL], tcp_ts_ecr=o32[K.U32_TS_ECR],
-        udp_len=o32[K.U32_UDP_LEN])
+        udp_len=o32[K.U32_UDP_LEN], epb_flags=rb.epb_flags)
     fr = FindingRows(rb.frame[f_row[:nf]], f_code[:nf].copy(), f_val[:nf].copy())
     return pb, fr

@@ -98,6 +98,7 @@ class PacketBatch:
     tcp_ts_val: np.ndarray  # uint32
     tcp_ts_ecr: np.ndarray  # uint32
     udp_len: np.ndarray  # uint32, true UDP length (the field, or from ip_len when the field is 0)
+    epb_flags: np.ndarray  # uint32, the pcapng epb_flags option passed through from the reader (0 when absent)
 
     def __len__(self) -> int:
         return int(self.frame.shape[0])
@@ -179,4 +180,5 @@ COLUMN_TYPES: dict[str, tuple[type, tuple[int, ...]]] = {
     "tcp_ts_val": (np.uint32, ()),
     "tcp_ts_ecr": (np.uint32, ()),
     "udp_len": (np.uint32, ()),
+    "epb_flags": (np.uint32, ()),
 }

@@ -3,12 +3,19 @@
 Each table is written batch by batch (``ParquetWriter``), so memory does not grow with the capture. The
 key-value metadata (``bigtcp_pcap.*`` keys, JSON values) is added when the table is closed, because only then
 is it known whether the run was partial.
+
+A table is written under a temporary name in its directory (``.NAME.parquet.<pid>.tmp``) and renamed into place
+when it is complete: a reader never sees half a file, and a run that fails or is interrupted before a table is
+finished leaves the earlier run's table, or nothing, never a file without its footer. Every OSError on the way
+(read-only filesystem, no permission, disk full) is an ``OutputError`` naming the table.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +25,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..decode.schema import BIGTCP_NAMES, TUNNEL_NAMES, PacketBatch
+from ..errors import OutputError
 from . import arrow as A
 
+TS_UNKNOWN = -(1 << 63)  # capture.walk.TS_UNKNOWN: a timestamp that did not fit, written as null
 BIGTCP_TYPE = pa.dictionary(pa.int8(), pa.string())
 TS_TYPE = pa.timestamp("ns", tz="UTC")
 
@@ -32,6 +41,7 @@ PACKETS_SCHEMA = pa.schema([
     ("dport", pa.uint16()), ("tcp_seq", pa.uint32()), ("tcp_ack", pa.uint32()), ("tcp_flags", pa.uint16()),
     ("tcp_win", pa.uint16()), ("tcp_hdr_len", pa.uint8()), ("tcp_payload_len", pa.uint32()),
     ("tcp_mss", pa.uint16()), ("tcp_ts_val", pa.uint32()), ("udp_len", pa.uint32()), ("status", pa.uint16()),
+    ("epb_flags", pa.uint32()),  # pcapng epb_flags as captured (bits 9-11: checksum / GSO, pcapng PR #144); 0 if none
 ])
 
 FLOWS_SCHEMA = pa.schema([
@@ -66,7 +76,7 @@ def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     not_l4 = ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17)))
     no_ip = pb.ip_version == 0
     cols = {  # name: values or (values, null mask)
-        "frame": pb.frame, "ts_ns": pb.ts_ns, "caplen": pb.caplen, "wirelen": pb.wirelen, "linktype": pb.linktype,
+        "frame": pb.frame, "ts_ns": (pb.ts_ns, pb.ts_ns == TS_UNKNOWN), "caplen": pb.caplen, "wirelen": pb.wirelen, "linktype": pb.linktype,
         "if_id": pb.if_id, "flow_id": (flow_id, flow_id < 0), "tunnel": _dict_array(pb.tunnel, TUNNEL_NAMES),
         "ip_version": (pb.ip_version, no_ip), "ip_len": (pb.ip_len, no_ip), "ip_len_field": (pb.ip_len_field, no_ip),
         "bigtcp": _dict_array(pb.bigtcp, BIGTCP_NAMES), "jumbo_len": (pb.jumbo_len, ~pb.has_jumbo),
@@ -76,7 +86,7 @@ def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
         "tcp_win": (pb.tcp_win, not_tcp), "tcp_hdr_len": (pb.tcp_hdr_len, not_tcp),
         "tcp_payload_len": (pb.tcp_payload_len, not_tcp), "tcp_mss": (pb.tcp_mss, pb.tcp_mss == 0),
         "tcp_ts_val": (pb.tcp_ts_val, ~pb.tcp_has_ts), "udp_len": (pb.udp_len, ~(l4 & (pb.l4_proto == 17))),
-        "status": pb.status,
+        "status": pb.status, "epb_flags": pb.epb_flags,
     }
     return A.table(cols, PACKETS_SCHEMA)
 
@@ -98,19 +108,34 @@ class TableSink:
 
     def __init__(self, path: Path, schema: pa.Schema, background: bool = False):
         self.path = Path(path)
+        self.tmp_path = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.schema = schema
         self.rows = 0
+        self.done = False  # renamed into place
+        self.failed = False  # given up (abort): the temporary file is gone, the final name untouched
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
         names = schema.names
-        self._writer = pq.ParquetWriter(
-            self.path, schema, compression="zstd",
-            use_dictionary=[n for n in names if n not in NO_DICTIONARY and n not in DELTA_ENCODED],
-            column_encoding={n: "DELTA_BINARY_PACKED" for n in names if n in DELTA_ENCODED} or None)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet-writer") if background else None
+        self._pool = None
         self._inflight: deque = deque()
+        try:
+            self._writer = pq.ParquetWriter(
+                self.tmp_path, schema, compression="zstd",
+                use_dictionary=[n for n in names if n not in NO_DICTIONARY and n not in DELTA_ENCODED],
+                column_encoding={n: "DELTA_BINARY_PACKED" for n in names if n in DELTA_ENCODED} or None)
+        except OSError as e:
+            self._writer = None
+            raise OutputError.from_os(str(self.path), e) from None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="parquet-writer") if background else None
 
     def write(self, table: pa.Table) -> None:
+        try:
+            self._write(table)
+        except OSError as e:
+            self.abort()
+            raise OutputError.from_os(str(self.path), e) from None
+
+    def _write(self, table: pa.Table) -> None:
         if table.num_rows:
             self._pending.append(table.cast(self.schema) if table.schema != self.schema else table)
             self._pending_rows += table.num_rows
@@ -147,11 +172,44 @@ class TableSink:
             arrays.append(A.array(x, f.type))
         self.write(pa.Table.from_arrays(arrays, schema=self.schema))
 
+    def finish(self) -> None:
+        """Write every buffered row group (where a full disk shows), before the metadata is decided."""
+        try:
+            self._flush()
+            self._drain()
+        except OSError as e:
+            self.abort()
+            raise OutputError.from_os(str(self.path), e) from None
+
     def close(self, metadata: dict) -> None:
-        self._flush()
-        self._drain()
-        self._writer.add_key_value_metadata(provenance_metadata(self.schema, metadata))
-        self._writer.close()
+        """Write what is buffered and the metadata, then rename the finished file into place."""
+        try:
+            self._flush()
+            self._drain()
+            self._writer.add_key_value_metadata(provenance_metadata(self.schema, metadata))
+            self._writer.close()
+            os.replace(self.tmp_path, self.path)
+            self.done = True
+        except OSError as e:
+            self.abort()
+            raise OutputError.from_os(str(self.path), e) from None
+
+    def abort(self) -> None:
+        """Give up this table: stop the writer and remove the temporary file (the final name is not touched)."""
+        if self.done:
+            return
+        self.failed = True
+        # a failed writer may fail again while closing; the temporary file goes anyway
+        with contextlib.suppress(Exception):
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+        with contextlib.suppress(Exception):
+            if self._writer is not None:
+                self._writer.close()
+        self._writer = None
+        with contextlib.suppress(OSError):
+            self.tmp_path.unlink(missing_ok=True)
 
 
 STRING_KEYS = frozenset({"tool_version", "source_name", "source_sha256", "format", "compression", "error"})

@@ -93,6 +93,8 @@ def render(summary: dict, console: Console) -> None:
                       highlight=False)
     for line in summary.get("suspect", []):
         console.print(f"[bold yellow]suspect capture:[/] {line}")
+    for lt, frames in (cap.get("linktypes_not_decoded") or {}).items():
+        console.print(f"[bold yellow]not decoded:[/] {_n(frames)} frames of linktype {lt} (counted, not analysed)")
     if cap["partial"]:
         console.print(f"[bold red]partial:[/] {cap['error']}")
 

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from ..errors import OutputError
 from .plugin import (
     find_tshark,
     install_plugin,
@@ -32,7 +33,12 @@ def install(
                                                  "instead of Wireshark's personal Lua plugin folder")] = None,
 ) -> None:
     """Copy the bigtcp.lua plugin into Wireshark's personal Lua plugin folder."""
-    target = install_plugin(dest)
+    try:
+        target = install_plugin(dest)
+    except OSError as e:  # an unwritable or impossible destination is an output error (exit 4)
+        fault = OutputError.from_os(str(dest or personal_plugin_dir()), e)
+        _err(f"error: {fault.one_line()}")
+        raise typer.Exit(fault.exit_code) from None
     typer.echo(f"installed {plugin_path().name} -> {target}")
     if dest is None:
         typer.echo("Wireshark and tshark load it at start-up: no -X lua_script needed; "
