@@ -25,7 +25,7 @@ from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import CaptureError
-from .flows.table import FlowTable
+from .flows.table import CLOSE_TIMEOUT_NS, IDLE_TIMEOUT_NS, FlowTable
 from .gro import make_engine
 from .gro.config import GroConfig
 from .output import parquet as P
@@ -109,6 +109,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             packets: bool = False, gro: GroConfig | None = None, progress: Callable[[int, int | None], None]
             | None = None, name: str | None = None, filters: list[str] | None = None, audit: bool = True,
             wireshark_sidecar: bool = False, gro_engine: str = "compiled", sha256: bool = False,
+            flow_idle_timeout_s: float = IDLE_TIMEOUT_NS / 1e9, flow_close_timeout_s: float = CLOSE_TIMEOUT_NS / 1e9,
             **gro_params: Any) -> Analysis:
     """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
 
@@ -122,6 +123,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     ``gro_engine``: "compiled" (numba, default) or "reference" (pure Python, for tests); identical rows.
     ``sha256``: record the SHA-256 of the capture file in the tables' metadata (``source_sha256``; otherwise
     null). It costs about 0.6 s per GiB read, like ``capinfos -H`` it is asked for, not default.
+    ``flow_idle_timeout_s`` / ``flow_close_timeout_s``: a flow ends (its row is written and leaves memory) when
+    its connection was silent this long, or closed (RST, or FIN both ways) and then silent this long; the same
+    5-tuple later is a new flow (new row, new flow_id). Recorded in the metadata (``params.flows``).
     """
     packets = packets or wireshark_sidecar
     if source is None:
@@ -142,7 +146,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             (out / f"{table}.parquet").unlink(missing_ok=True)
     reader = CaptureReader(source, name=name, sha256=sha256)
     info = reader.info
-    flows = FlowTable()
+    flows = FlowTable(idle_timeout_ns=round(flow_idle_timeout_s * 1e9), close_timeout_ns=round(flow_close_timeout_s * 1e9))
+    flow_params = {"idle_timeout_s": flow_idle_timeout_s, "close_timeout_s": flow_close_timeout_s}
+    sink_flows = P.TableSink(out / "flows.parquet", P.FLOWS_SCHEMA)
+    flow_sum = _FlowSummary()
     engine = make_engine(gro_engine, cfg)
     sink_packets = P.TableSink(out / "packets.parquet", P.PACKETS_SCHEMA, background=True) if packets else None
     sink_findings = P.TableSink(out / "findings.parquet", P.FINDINGS_SCHEMA)
@@ -151,33 +158,30 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     error: CaptureError | None = None
     audits = FilterAudits(filters, enabled=audit)
 
-    pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
-    pending_rows = 0
-
-    def emit_superpackets(spb, final: bool = False) -> None:
-        nonlocal pending_rows
-        if len(spb):
-            pending_sp.append(spb)
-            pending_rows += len(spb)
-        if pending_sp and (final or pending_rows >= P.TableSink.ROW_GROUP):
-            rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
-            pending_sp.clear()
-            pending_rows = 0
+    def emit_superpackets(rows) -> None:
+        # converted while their flows are in memory (the table buffers them into row groups)
+        if len(rows):
             flows.add_superpackets(rows.flow_id, rows.payload_len)
             stats.add_superpackets(rows)
             sink_sp.write_columns(superpackets_columns(rows, flows))
+
+    def emit_flows(cols) -> None:
+        if cols is not None:
+            flow_sum.add(cols)
+            sink_flows.write_columns(cols)
 
     try:
         for rb in reader:
             pb, fr = decode(rb)
             fid = flows.assign(pb)
-            flows.update(pb, fid)
             stats.add(pb, fr)
             if len(fr):
                 sink_findings.write_columns(_finding_columns(fr))
             if sink_packets is not None:
                 sink_packets.write(P.packets_table(pb, fid))
             emit_superpackets(engine.feed(pb, fid))
+            if len(pb):  # ended flows leave memory (those with a GRO entry still held wait)
+                emit_flows(flows.expire(int(pb.ts_ns.max()), engine.held_flow_ids()))
             audits.feed(rb, pb, fid)
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)
@@ -186,13 +190,12 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         sink_findings.write_columns({"frame": [e.frame or 0], "code": [F.BY_ID[F.CAPTURE_PARTIAL].code],
                                      "severity": [F.ERROR], "message": [e.one_line()]})
         stats.findings[F.BY_ID[F.CAPTURE_PARTIAL].code] += 1
-    emit_superpackets(engine.flush(), final=True)
-
-    flow_cols = flows.columns()
-    _suspect_filtered_capture(flow_cols, stats, sink_findings)
+    emit_superpackets(engine.flush())
+    emit_flows(flows.expire(0, everything=True))
+    _suspect_filtered_capture(flow_sum, stats, sink_findings)
     audit_results = audits.finish()
     params = {"gro": cfg.to_metadata(), "gro_engine": gro_engine, "packets": packets,
-              "filters": [r.expr for r in audit_results], "default_filters": filters is None}
+              "filters": [r.expr for r in audit_results], "default_filters": filters is None, "flows": flow_params}
     meta = {
         "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
         "source_sha256": info.sha256, "format": info.format, "compression": info.compression,
@@ -200,8 +203,6 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         "first_ts_ns": info.first_ts_ns, "params": params, "partial": error is not None,
         "error": error.one_line() if error else None,
     }
-    sink_flows = P.TableSink(out / "flows.parquet", P.FLOWS_SCHEMA)
-    sink_flows.write_columns(flow_cols)
     sink_audit = None
     if audit_results:
         sink_audit = P.TableSink(out / "filter_audit.parquet", AUDIT_SCHEMA)
@@ -210,7 +211,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     for s in (sink_packets, sink_findings, sink_sp, sink_flows, sink_audit):
         if s is not None:
             s.close(meta)
-    summary = stats.summary(info, flow_cols, error, cfg)
+    summary = stats.summary(info, flow_sum, error, cfg)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
@@ -230,10 +231,37 @@ def _finding_columns(fr: FindingRows) -> dict[str, list]:
             "message": [c.template.format(value=v) for c, v in zip(codes, fr.value.tolist())]}
 
 
-def _suspect_filtered_capture(flow_cols: dict, stats: _Stats, sink) -> None:
+_TOP_KEYS = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
+             "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len", "max_superpacket_len",
+             "retransmissions", "capture_gap_bytes")
+
+
+class _FlowSummary:
+    """What the summary needs of the flows table, gathered as its rows are streamed (bounded size)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.v6_gap_bytes = 0  # capture gaps of IPv6 flows without BIG TCP packets
+        self.top: list[dict] = []  # the 5 flows with the most payload (ties: lower flow_id)
+
+    def add(self, cols: dict) -> None:
+        n = len(cols["flow_id"])
+        self.count += n
+        v6 = (cols["ip_version"] == 6) & (cols["bigtcp_packets"] == 0)
+        self.v6_gap_bytes += int(cols["capture_gap_bytes"][v6].sum(dtype=np.uint64))
+        best = np.lexsort((cols["flow_id"], -cols["payload_bytes"].astype(np.int64)))[:5].tolist()
+
+        def value(k: str, i: int):
+            c = cols[k]
+            return c[i].as_py() if hasattr(c, "to_pylist") else c[i].item()
+
+        self.top = sorted(self.top + [{k: value(k, i) for k in _TOP_KEYS} for i in best],
+                          key=lambda r: (-r["payload_bytes"], r["flow_id"]))[:5]
+
+
+def _suspect_filtered_capture(flow_sum: _FlowSummary, stats: _Stats, sink) -> None:
     """IPv6 TCP flows with sequence gaps and no HBH packets: likely a 'tcp port N' capture of BIG TCP."""
-    gaps = sum(g for g, v, b in zip(flow_cols["capture_gap_bytes"], flow_cols["ip_version"],
-                                    flow_cols["bigtcp_packets"]) if v == 6 and b == 0)
+    gaps = flow_sum.v6_gap_bytes
     if gaps > 0 and stats.bigtcp[BIGTCP_NAMES.index("hbh_jumbo")] == 0:
         code = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
         sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
@@ -277,11 +305,7 @@ class _Stats:
         for c, k in zip(*np.unique(spb.flush_reason, return_counts=True)):
             self.sp_reasons[names[int(c)]] += int(k)
 
-    def summary(self, info: CaptureInfo, flow_cols: dict, error: CaptureError | None, cfg: GroConfig) -> dict:
-        top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
-        keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
-                "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
-                "max_superpacket_len", "retransmissions", "capture_gap_bytes")
+    def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: CaptureError | None, cfg: GroConfig) -> dict:
         dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
@@ -291,8 +315,8 @@ class _Stats:
                         "error": error.one_line() if error else None},
             "bigtcp": {name: int(self.bigtcp[i]) for i, name in enumerate(BIGTCP_NAMES) if name != "none"},
             "max_bigtcp_ip_len": self.max_bigtcp_len,
-            "flows": len(flow_cols["flow_id"]),
-            "top_flows": [{k: flow_cols[k][i] for k in keys} for i in top],
+            "flows": flow_sum.count,
+            "top_flows": flow_sum.top,
             "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common())},
             "findings": dict(self.findings.most_common()),
             "not_fully_decoded": {name: int(self.status[bit]) for bit, name in enumerate(STATUS_NAMES)

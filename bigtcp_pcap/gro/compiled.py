@@ -655,6 +655,13 @@ class CompiledGroEngine:
             return self._ref.held
         return int(self._Q[: self._nq, Q_HELD].sum())
 
+    def held_flow_ids(self) -> np.ndarray:
+        """Flow ids of the entries currently held (their rows are still to come)."""
+        if self._ref is not None:
+            return self._ref.held_flow_ids()
+        S = self._S[: self._ngid]
+        return S[S[:, G_HELD] != 0, E_FID]
+
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
     def _inputs(b: PacketBatch, p: Prepared, fid: np.ndarray) -> tuple:

@@ -176,6 +176,10 @@ class GroEngine:
         """Number of super-packets currently held (all queues)."""
         return sum(self._qheld)
 
+    def held_flow_ids(self) -> np.ndarray:
+        """Flow ids of the entries currently held (their rows are still to come)."""
+        return np.array([e.fid for e in self._held if e is not None], np.int64)
+
     # --- set-up helpers -----------------------------------------------------------------------------------
     def _take(self) -> SuperPacketBatch:
         rows, self._out = self._out, []
