@@ -182,6 +182,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             emit_superpackets(engine.feed(pb, fid))
             if len(pb):  # ended flows leave memory (those with a GRO entry still held wait)
                 emit_flows(flows.expire(int(pb.ts_ns.max()), engine.held_flow_ids()))
+                engine.recycle(flows.in_memory)  # and the GRO engine forgets their keys
             audits.feed(rb, pb, fid)
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)

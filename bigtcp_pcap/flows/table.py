@@ -55,8 +55,8 @@ _SP_BIT = np.uint64(1) << np.uint64(63)
 
 
 @njit(cache=True, inline="always")
-def _mix(h, x):
-    h = (h ^ x) * _M1
+def _fmix(h, x):
+    h = (np.uint64(h) ^ np.uint64(x)) * _M1
     h ^= h >> np.uint64(31)
     h *= _M2
     return h ^ (h >> np.uint64(29))
@@ -104,7 +104,7 @@ def rehash_map(K, V, K2, V2):
     """Insert the live entries of (K, V) into the empty map (K2, V2)."""
     for j in range(V.shape[0]):
         if V[j] >= 0:
-            _hm_insert(K2, V2, K[j], _mix(_SEED, K[j]), V[j])
+            _hm_insert(K2, V2, K[j], _fmix(_SEED, K[j]), V[j])
 
 
 @njit(cache=True, entry=True)
@@ -159,7 +159,7 @@ def _hist_add(F, s, kind, ln, cnt, headcol, lastcol, HK, HV, EL, EC, EN, ST):
     k = (np.uint64(s) << np.uint64(32)) | np.uint64(ln)
     if kind:
         k |= _SP_BIT
-    h = _mix(_SEED, k)
+    h = _fmix(_SEED, k)
     j = _hm_find(HK, HV, k, h)
     if j >= 0:
         e = HV[j]
@@ -267,7 +267,7 @@ def _find(TAB, KY, w, s0, s1, d0, d1, h):
 
 @njit(cache=True, inline="always")
 def _digest(w, s0, s1, d0, d1):
-    return _mix(_mix(_mix(_mix(_mix(_SEED, w), s0), s1), d0), d1)
+    return _fmix(_fmix(_fmix(_fmix(_fmix(_SEED, w), s0), s1), d0), d1)
 
 
 @njit(cache=True, inline="always")
@@ -334,7 +334,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             TAB[j] = f
             ST[S_ALIVE] += 1
             fk = np.uint64(g)
-            ST[S_FM_FILL] += _hm_insert(FK, FV, fk, _mix(_SEED, fk), f)
+            ST[S_FM_FILL] += _hm_insert(FK, FV, fk, _fmix(_SEED, fk), f)
             # the reverse direction, when alive and not ended: both directions end together
             rw = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(dport[i]) << np.uint64(16)) | np.uint64(sport[i])
             r = _find(TAB, KY, rw, d0, d1, s0, s1, _digest(rw, d0, d1, s0, s1))
@@ -378,7 +378,7 @@ def superpackets_kernel(fids, lens, F, FK, FV, HK, HV, EL, EC, EN, ST):
         if fids[i] < 0:
             continue
         fk = np.uint64(fids[i])
-        j = _hm_find(FK, FV, fk, _mix(_SEED, fk))
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
         if j < 0:
             continue
         _hist_add(F, FV[j], 1, np.int64(lens[i]), 1, F_SHEAD, F_SLAST, HK, HV, EL, EC, EN, ST)
@@ -391,7 +391,7 @@ def slots_kernel(fids, FK, FV, out):
         out[i] = -1
         if fids[i] >= 0:
             fk = np.uint64(fids[i])
-            j = _hm_find(FK, FV, fk, _mix(_SEED, fk))
+            j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
             if j >= 0:
                 out[i] = FV[j]
 
@@ -434,7 +434,7 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
         k = (np.uint64(s) << np.uint64(32)) | np.uint64(EL[e])
         if kind:
             k |= _SP_BIT
-        j = _hm_find(HK, HV, k, _mix(_SEED, k))
+        j = _hm_find(HK, HV, k, _fmix(_SEED, k))
         HV[j] = TOMB
         nx = EN[e]
         EN[e] = ST[S_HFREE]
@@ -473,7 +473,7 @@ def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC,
     close = TO[1]
     for i in range(held.shape[0]):
         fk = np.uint64(held[i])
-        j = _hm_find(FK, FV, fk, _mix(_SEED, fk))
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
         if j >= 0:
             F[FV[j], F_HOLD] = 1
     # mark first, free after: both directions of a connection are judged on the same facts
@@ -516,7 +516,7 @@ def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC,
             RK[rows, c] = KY[s, c]
         rows += 1
         fk = np.uint64(F[s, F_FID])
-        j = _hm_find(FK, FV, fk, _mix(_SEED, fk))
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
         FV[j] = TOMB
         if F[s, F_STATE] == ALIVE:
             _tab_remove(TAB, KY, s)
@@ -726,6 +726,13 @@ class FlowTable:
         self._reserve(0, fids.shape[0])
         superpackets_kernel(fids, np.ascontiguousarray(payload_len, np.int64), self.F, self.FK, self.FV, self.HK,
                             self.HV, self.EL, self.EC, self.EN, self.ST)
+
+    def in_memory(self, flow_id: np.ndarray) -> np.ndarray:
+        """Per flow id: is the flow still in memory (alive, or ended with its row not yet written)?"""
+        fids = np.ascontiguousarray(flow_id, np.int64)
+        slots = np.empty(fids.shape[0], np.int64)
+        slots_kernel(fids, self.FK, self.FV, slots)
+        return slots >= 0
 
     def addresses(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(ip_version, src words, dst words, known) per flow id of flows still in memory."""
