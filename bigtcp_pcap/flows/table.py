@@ -56,7 +56,7 @@ _SP_BIT = np.uint64(1) << np.uint64(63)
 
 @njit(cache=True, inline="always")
 def _fmix(h, x):
-    h = (np.uint64(h) ^ np.uint64(x)) * _M1
+    h = (h ^ x) * _M1
     h ^= h >> np.uint64(31)
     h *= _M2
     return h ^ (h >> np.uint64(29))
@@ -73,28 +73,28 @@ def _unwrap(seq, ref):
 # a uint64 -> int64 open-addressing map (values >= 0; EMPTY / TOMB slots), kept at most half full by the caller
 # ============================================================================================================
 @njit(cache=True, inline="always")
-def _hm_find(K, V, k, h):
-    """Index of key ``k`` (digest ``h``) in (K, V), or -1."""
+def _hm_find(K, V, key, h):
+    """Index of ``key`` (digest ``h``) in (K, V), or -1."""
     m = V.shape[0] - 1
     j = np.int64(h & np.uint64(m))
     while True:
         v = V[j]
         if v == EMPTY:
             return np.int64(-1)
-        if v >= 0 and K[j] == k:
+        if v >= 0 and K[j] == key:
             return j
         j = (j + 1) & m
 
 
 @njit(cache=True, inline="always")
-def _hm_insert(K, V, k, h, val):
+def _hm_insert(K, V, key, h, val):
     """Insert an absent key; returns 1 when it took an empty slot (the fill grows), 0 for a tombstone."""
     m = V.shape[0] - 1
     j = np.int64(h & np.uint64(m))
     while V[j] >= 0:
         j = (j + 1) & m
     grew = 1 if V[j] == EMPTY else 0
-    K[j] = k
+    K[j] = key
     V[j] = val
     return grew
 
@@ -156,11 +156,11 @@ def _hist_add(F, s, kind, ln, cnt, headcol, lastcol, HK, HV, EL, EC, EN, ST):
     if e >= 0 and EL[e] == ln:
         EC[e] += cnt
         return
-    k = (np.uint64(s) << np.uint64(32)) | np.uint64(ln)
+    hkey = (np.uint64(s) << np.uint64(32)) | np.uint64(ln)
     if kind:
-        k |= _SP_BIT
-    h = _fmix(_SEED, k)
-    j = _hm_find(HK, HV, k, h)
+        hkey |= _SP_BIT
+    h = _fmix(_SEED, hkey)
+    j = _hm_find(HK, HV, hkey, h)
     if j >= 0:
         e = HV[j]
         EC[e] += cnt
@@ -176,7 +176,7 @@ def _hist_add(F, s, kind, ln, cnt, headcol, lastcol, HK, HV, EL, EC, EN, ST):
         EC[e] = cnt
         EN[e] = F[s, headcol]
         F[s, headcol] = e
-        ST[S_HTAB_FILL] += _hm_insert(HK, HV, k, h, e)
+        ST[S_HTAB_FILL] += _hm_insert(HK, HV, hkey, h, e)
     F[s, lastcol] = e
 
 
@@ -198,15 +198,15 @@ def _seq_step(F, H, f, seq, ln, flags):
     e = s + ln
     if s > mx:
         # a hole: sequence space the capture has not shown (yet)
-        k = F[f, F_NHOLES]
-        if k == MAX_HOLES:  # forget the oldest hole; it stays counted as a gap
+        nh = F[f, F_NHOLES]
+        if nh == MAX_HOLES:  # forget the oldest hole; it stays counted as a gap
             for j in range(MAX_HOLES - 1):
                 H[f, j, 0] = H[f, j + 1, 0]
                 H[f, j, 1] = H[f, j + 1, 1]
-            k -= 1
-        H[f, k, 0] = mx
-        H[f, k, 1] = s
-        F[f, F_NHOLES] = k + 1
+            nh -= 1
+        H[f, nh, 0] = mx
+        H[f, nh, 1] = s
+        F[f, F_NHOLES] = nh + 1
         F[f, F_GAP] += s - mx
         F[f, F_MAXEND] = e
     elif e <= mx or s < mx:
@@ -431,10 +431,10 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
         WL[n] = EL[e]
         WC[n] = EC[e]
         n += 1
-        k = (np.uint64(s) << np.uint64(32)) | np.uint64(EL[e])
+        hkey = (np.uint64(s) << np.uint64(32)) | np.uint64(EL[e])
         if kind:
-            k |= _SP_BIT
-        j = _hm_find(HK, HV, k, _fmix(_SEED, k))
+            hkey |= _SP_BIT
+        j = _hm_find(HK, HV, hkey, _fmix(_SEED, hkey))
         HV[j] = TOMB
         nx = EN[e]
         EN[e] = ST[S_HFREE]
@@ -446,18 +446,18 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
         return np.int64(-1), np.int64(-1), np.int64(-1), np.int64(0)
     _heapsort(WL, WC, n)
     total = np.int64(0)
-    for k in range(n):
-        total += WC[k]
+    for q in range(n):
+        total += WC[q]
     r50 = max(np.int64(1), np.int64(np.ceil(0.50 * total)))
     r99 = max(np.int64(1), np.int64(np.ceil(0.99 * total)))
     p50 = p99 = np.int64(-1)
     acc = np.int64(0)
-    for k in range(n):
-        acc += WC[k]
+    for q in range(n):
+        acc += WC[q]
         if p50 < 0 and acc >= r50:
-            p50 = WL[k]
+            p50 = WL[q]
         if acc >= r99:
-            p99 = WL[k]
+            p99 = WL[q]
             break
     return p50, p99, WL[n - 1], total
 

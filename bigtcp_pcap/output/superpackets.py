@@ -24,10 +24,15 @@ SOURCE_NAMES = ("rebuilt", "observed")
 
 def _addresses(ver: np.ndarray, words: np.ndarray, known: np.ndarray, inv: np.ndarray) -> pa.Array:
     """Dictionary column: the distinct addresses of the distinct flows as text, an int32 index per row."""
-    key = np.column_stack([np.where(known, ver, 0).astype(np.uint64), words])
-    ukey, uinv = np.unique(key, axis=0, return_inverse=True)
-    text = address_strings(ukey[:, 0].astype(np.int64), ukey[:, 1:3])
-    idx = uinv.ravel()[inv].astype(np.int32)
+    v = np.where(known, ver, 0).astype(np.uint64)
+    order = np.lexsort((words[:, 1], words[:, 0], v))  # exact distinct (version, address): sorted, then runs
+    sv, sw = v[order], words[order]
+    start = np.ones(order.shape[0], bool)
+    start[1:] = (sv[1:] != sv[:-1]) | (sw[1:, 0] != sw[:-1, 0]) | (sw[1:, 1] != sw[:-1, 1])
+    uinv = np.empty(order.shape[0], np.int64)
+    uinv[order] = np.cumsum(start) - 1
+    text = address_strings(sv[start].astype(np.int64), sw[start])
+    idx = uinv[inv].astype(np.int32)
     return pa.DictionaryArray.from_arrays(A.array(idx, pa.int32(), ~known[inv]), text)
 
 
