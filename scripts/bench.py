@@ -67,6 +67,9 @@ def build_capture(src: Path, dst: Path, min_packets: int, inbound: bool = False)
         if et == 0x86DD and len(d) >= 54 + 20 and d[20] == 6:
             l4, key = 54, (d[22:38], d[38:54])
             plen = orig - 14 - 40 - (d[l4 + 12] >> 4) * 4
+        elif et == 0x86DD and len(d) >= 62 + 20 and d[20] == 0 and d[54] == 6:  # Hop-by-Hop (Jumbo), then TCP
+            l4, key = 62, (d[22:38], d[38:54])
+            plen = orig - 14 - 48 - (d[l4 + 12] >> 4) * 4
         elif et == 0x0800 and len(d) >= 34 + 20 and d[23] == 6:
             ihl = (d[14] & 15) * 4
             l4, key = 14 + ihl, (d[26:30], d[30:34])
@@ -84,7 +87,7 @@ def build_capture(src: Path, dst: Path, min_packets: int, inbound: bool = False)
         top = max(span, key=span.get)
         parsed = [r for r in parsed if r[3] is not None and r[3][1] == top]
     duration = recs[-1][0] - recs[0][0] + 1_000_000
-    copies = -(-min_packets // len(recs))
+    copies = -(-min_packets // len(parsed))
     n = 0
     with open(dst, "wb") as f:
         f.write(hdr[:4] if ts_div == 1 else struct.pack("<I", 0xA1B23C4D))
