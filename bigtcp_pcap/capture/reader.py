@@ -16,13 +16,13 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .. import linktypes
 from ..errors import CaptureError
 from . import walk
 from .source import Source
 
 MAX_CAPLEN = 256 << 20  # a record larger than this is corrupt, whatever the header says
-SUPPORTED_LINKTYPES = {0: "NULL", 1: "EN10MB", 12: "RAW", 14: "RAW", 101: "RAW", 108: "LOOP", 113: "LINUX_SLL",
-                       228: "IPV4", 229: "IPV6", 276: "LINUX_SLL2"}
+SUPPORTED_LINKTYPES = linktypes.NAMES  # the link-type table (bigtcp_pcap/linktypes.py): number -> name
 PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multiplier to ns)
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
 PCAPNG_BOM = 0x1A2B3C4D
