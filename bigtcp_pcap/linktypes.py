@@ -36,8 +36,8 @@ L2_IEEE802_11 = 13  # 802.11 MAC header (data frames, unprotected), then LLC/SNA
 L2_RADIOTAP = 14  # radiotap header (length at byte 2, little-endian), then 802.11
 L2_PPI = 15  # PPI header (length at byte 2, DLT at byte 4, little-endian), then that DLT
 L2_NFLOG = 16  # Linux NFLOG: 4-byte header, then TLVs; the payload TLV (type 9) holds the IP packet
-L2_IPOIB = 17  # IP over InfiniBand: 2-byte ethertype, 2 reserved bytes (RFC 4391)
-L2_PKTAP = 18  # Apple PKTAP: header length at 0, DLT of the rest at 4 (little-endian)
+L2_IPOIB = 17  # IP over InfiniBand: 44 bytes (addresses, then the RFC 4391 type at 40 and 2 reserved bytes)
+L2_PKTAP = 18  # Apple PKTAP: header length at 0, record type at 4, DLT of the rest at 8 (little-endian)
 L2_FDDI = 19  # FDDI: frame control + two addresses (13 bytes), then LLC/SNAP
 
 METHOD_NAMES = ("none", "ethernet", "sll", "sll2", "raw", "ipv4", "ipv6", "null", "loop", "ppp", "ppp_hdlc",
@@ -76,7 +76,7 @@ LINKTYPES: tuple[LinkType, ...] = (
     LinkType(228, "IPV4", 228, 0, L2_IPV4, "raw IPv4"),
     LinkType(229, "IPV6", 229, 0, L2_IPV6, "raw IPv6"),
     LinkType(239, "NFLOG", 239, -1, L2_NFLOG, "Linux netfilter log (nflog:N): TLVs, payload TLV holds IP"),
-    LinkType(242, "IPOIB", 242, 4, L2_IPOIB, "IP over InfiniBand (RFC 4391)"),
+    LinkType(242, "IPOIB", 242, 44, L2_IPOIB, "IP over InfiniBand: addresses, then the RFC 4391 header"),
     LinkType(258, "PKTAP", 149, -1, L2_PKTAP, "Apple PKTAP: metadata header, then the interface's link type"),
     LinkType(276, "LINUX_SLL2", 276, 20, L2_SLL2, "Linux cooked capture v2 (tcpdump -i any, libpcap >= 1.10)"),
 )

@@ -23,9 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bigtcp_pcap import _native  # noqa: E402
-from bigtcp_pcap.capture import CaptureReader, RecordBatch  # noqa: E402
-from bigtcp_pcap.decode import decode  # noqa: E402
+from bigtcp_pcap import _native
+from bigtcp_pcap.capture import CaptureReader, RecordBatch
+from bigtcp_pcap.decode import decode
 
 K = ROOT / "tests" / "fixtures" / "kernel"
 DEFAULT = [K / "mixed_185000.snd.pcap", K / "mixed_185000.rcv.pcap", K / "linktypes" / "sll2_v6_185000.rcv.pcap",

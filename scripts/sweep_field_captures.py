@@ -14,7 +14,8 @@ file with ``bigtcp_pcap.capture.CaptureReader`` + ``bigtcp_pcap.decode.decode`` 
 * ``our_tcp``: frames we decode to a TCP header (``l4_proto == 6`` and an L4 offset);
 * ``both_tcp`` and, per field, the frames where we disagree: ports, seq, ack, the 12-bit flag word, window,
   TCP header length, TCP payload length (tshark's ``tcp.len``) and the IP length field (IPv4 total length, or
-  the substituted length for a BIG TCP ``tot_len`` 0; the IPv6 payload length).
+  the substituted length for a BIG TCP ``tot_len`` 0; the IPv6 payload length, or the substituted one), each
+  taken from the occurrence of the field that belongs to the layer on the path.
 
 tshark's TCP frames we do not decode are grouped by their protocol path (``frame.protocols`` up to the TCP
 layer) and link type, so that the floor ("every frame tshark decodes as TCP over the supported link types and
@@ -38,9 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bigtcp_pcap.capture import CaptureReader  # noqa: E402
-from bigtcp_pcap.decode import PacketBatch, decode  # noqa: E402
-from bigtcp_pcap.errors import CaptureError  # noqa: E402
+from bigtcp_pcap.capture import CaptureReader
+from bigtcp_pcap.decode import PacketBatch, decode
+from bigtcp_pcap.errors import CaptureError
 
 # BIG TCP lengths as the tests read them; no IP reassembly, so that tshark describes each frame's own headers
 # (a reassembled datagram's TCP would show on its last fragment, which carries no TCP header)
@@ -66,12 +67,13 @@ def captures(roots: list[Path]) -> list[Path]:
 
 
 def run_tshark(path: Path, timeout: int = 600) -> tuple[bool, str, list[list[str]]]:
-    """(read whole?, first stderr line, rows of TFIELDS with the last occurrence of each field)."""
-    cmd = ["tshark", "-n", "-r", str(path), *PREFS, "-T", "fields", "-E", "separator=\t", "-E", "occurrence=l"]
+    """(read whole?, first stderr line, rows of TFIELDS with every occurrence of a field joined by '|')."""
+    cmd = ["tshark", "-n", "-r", str(path), *PREFS, "-T", "fields", "-E", "separator=\t", "-E", "occurrence=a",
+           "-E", "aggregator=|"]
     for f in TFIELDS:
         cmd += ["-e", f]
     try:
-        r = subprocess.run(cmd, capture_output=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return False, "timeout", []
     err = r.stderr.decode(errors="replace")
@@ -89,7 +91,7 @@ def run_ours(path: Path) -> tuple[PacketBatch, str | None]:
             parts.append(decode(rb)[0])
     except CaptureError as e:
         err = e.one_line()
-    except Exception as e:  # a crash is a result of the sweep, not the end of it
+    except Exception as e:  # noqa: BLE001 (a crash is a result of the sweep, not the end of it)
         err = f"CRASH {type(e).__name__}: {e}"
     return PacketBatch.concat(parts), err
 
@@ -144,23 +146,32 @@ def compare(path: Path) -> dict:
             continue
         res["both_tcp"] += 1
         names = tpath.split(":")
+        # the occurrence of each field that belongs to the layer on the path (tree order = protocol order): an
+        # embedded frame (OpenFlow, an ICMP quote) after our TCP layer adds later occurrences
+        t = names.count("tcp") - 1
+
+        def nth(fieldname: str, k: int, base: int = 10, d: dict = d) -> int | None:
+            vals = d[fieldname].split("|")
+            return _int(vals[k], base) if 0 <= k < len(vals) else None
+
         ips = [x for x in names if x in ("ip", "ipv6")]
+        ours_ip = their_ip = None
         if ips and ips[-1] == "ip":
-            their_ip = _int(d["ip.len"])
+            their_ip = nth("ip.len", names.count("ip") - 1)
             ours_ip = int(pb.ip_len[i]) if pb.ip_len_field[i] == 0 else int(pb.ip_len_field[i])
         elif ips:
-            their_ip, ours_ip = _int(d["ipv6.plen"]), int(pb.ip_len_field[i])
-        else:
-            their_ip = ours_ip = None
-        fl = _int(d["tcp.flags"], 16)
-        pairs = {"sport": (int(pb.sport[i]), _int(d["tcp.srcport"])),
-                 "dport": (int(pb.dport[i]), _int(d["tcp.dstport"])),
-                 "seq": (int(pb.tcp_seq[i]), _int(d["tcp.seq_raw"])),
-                 "ack": (int(pb.tcp_ack[i]), _int(d["tcp.ack_raw"])),
+            their_ip = nth("ipv6.plen", names.count("ipv6") - 1)
+            ours_ip = int(pb.ip_len[i]) - 40 if pb.ip_len_field[i] == 0 and not pb.has_jumbo[i] \
+                else int(pb.ip_len_field[i])
+        fl = nth("tcp.flags", t, 16)
+        pairs = {"sport": (int(pb.sport[i]), nth("tcp.srcport", t)),
+                 "dport": (int(pb.dport[i]), nth("tcp.dstport", t)),
+                 "seq": (int(pb.tcp_seq[i]), nth("tcp.seq_raw", t)),
+                 "ack": (int(pb.tcp_ack[i]), nth("tcp.ack_raw", t)),
                  "flags": (int(pb.tcp_flags[i]), None if fl is None else fl & 0xFFF),
-                 "win": (int(pb.tcp_win[i]), _int(d["tcp.window_size_value"])),
-                 "tcp_hdr_len": (int(pb.tcp_hdr_len[i]), _int(d["tcp.hdr_len"])),
-                 "tcp_len": (int(pb.tcp_payload_len[i]), _int(d["tcp.len"])),
+                 "win": (int(pb.tcp_win[i]), nth("tcp.window_size_value", t)),
+                 "tcp_hdr_len": (int(pb.tcp_hdr_len[i]), nth("tcp.hdr_len", t)),
+                 "tcp_len": (int(pb.tcp_payload_len[i]), nth("tcp.len", t)),
                  "ip_len": (ours_ip, their_ip)}
         for f, (a, b) in pairs.items():
             if b is not None and a != b:

@@ -155,6 +155,8 @@ ET_IP_NIBBLE = -2  # IP, version from the first nibble
 ET_ETHERNET = -3  # an Ethernet header
 ET_LLC = -4  # an 802.2 LLC header (SNAP carries the ethertype)
 ET_PPP = -5  # a PPP header, with or without the FF 03 address/control bytes
+ET_IEEE802_11 = -6  # an 802.11 frame (Aruba's GRE)
+GRE_UDP_PORT = 4754  # GRE-in-UDP (RFC 8086)
 MAX_LABELS = 16  # MPLS label stack entries walked
 MAX_DEPTH = 4  # nested tunnels followed
 FRAG_NONE, FRAG_FIRST, FRAG_LATER = 0, 1, 2
@@ -201,11 +203,14 @@ def _pre_header(buf, p0, end, method):
     rflags = np.int64(0)
     for _ in range(3):
         if method == L2_PKTAP:
-            if pos + 8 > end:
+            # header length, record type (1: a packet follows), DLT of the packet; little-endian (Apple's)
+            if pos + 12 > end:
                 return np.int64(L2_NONE), pos, nflog_end, True, rflags
             hl = np.int64(le32(buf, pos))
-            method = np.int64(METHOD_OF[le32(buf, pos + 4) & 0xFFFF])
-            if hl < 8:
+            if le32(buf, pos + 4) != 1:
+                return np.int64(L2_NONE), pos, nflog_end, False, rflags
+            method = np.int64(METHOD_OF[le32(buf, pos + 8) & 0xFFFF])
+            if hl < 12:
                 return np.int64(L2_NONE), pos, nflog_end, True, rflags
             pos += hl
         elif method == L2_PPI:
@@ -332,9 +337,9 @@ def _link(buf, p0, end, method, rflags):
     if method == L2_IEEE802_11:
         return _ieee80211(buf, p0, end, rflags)
     if method == L2_IPOIB:
-        if p0 + 4 > end:
+        if p0 + 44 > end:
             return np.int64(ET_NONE), p0, True
-        return np.int64(be16(buf, p0)), p0 + 4, False
+        return np.int64(be16(buf, p0 + 40)), p0 + 44, False
     if method == L2_FDDI:
         if p0 + 13 > end:
             return np.int64(ET_NONE), p0, True
@@ -343,23 +348,26 @@ def _link(buf, p0, end, method, rflags):
 
 
 @njit(cache=True, inline="always")
-def _demux(buf, etype, pos, end, vlan):
+def _demux(buf, etype, pos, end, vlan, lim):
     """From (pseudo-)ethertype at pos down to IP: Ethernet headers, 802.1Q/802.1ad tags, 802.2 LLC/SNAP, MPLS
-    label stacks (then IP by its nibble, or a pseudowire control word and Ethernet), PPPoE sessions and PPP.
+    label stacks (then IP by its nibble, or a pseudowire control word and Ethernet), PPPoE sessions and PPP,
+    Cisco FabricPath and 802.1ah (PBB) headers, 802.11 data frames.
 
     Returns (0x0800, 0x86DD, ET_IP_NIBBLE or another ethertype where it stopped; offset; first VLAN id seen or
-    the ``vlan`` given; truncated?)."""
+    the ``vlan`` given; truncated?; ``lim``, the wire end, lowered by an 802.3 or PPPoE length field, which
+    bound what they carry as a UDP length does)."""
     for _ in range(32):
         if etype == ET_ETHERNET:
             if pos + 14 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             etype = np.int64(be16(buf, pos + 12))
             pos += 14
             if etype <= 1500:
+                lim = min(lim, pos + etype)
                 etype = np.int64(ET_LLC)
         elif etype == 0x8100 or etype == 0x88A8 or etype == 0x9100:
             if pos + 4 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             if vlan == 0xFFFF:
                 vlan = np.int64(be16(buf, pos) & 0xFFF)
             etype = np.int64(be16(buf, pos + 2))
@@ -368,23 +376,23 @@ def _demux(buf, etype, pos, end, vlan):
                 etype = np.int64(ET_LLC)
         elif etype == ET_LLC:
             if pos + 3 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             if u8(buf, pos) != 0xAA or u8(buf, pos + 1) != 0xAA or (u8(buf, pos + 2) & 0xEF) != 0x03:
-                return np.int64(ET_NONE), pos, vlan, False  # not SNAP: no ethertype to follow
+                return np.int64(ET_NONE), pos, vlan, False, lim  # not SNAP: no ethertype to follow
             if pos + 8 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             etype = np.int64(be16(buf, pos + 6))
             pos += 8
         elif etype == 0x8847 or etype == 0x8848:
             for _k in range(MAX_LABELS):
                 if pos + 4 > end:
-                    return np.int64(ET_NONE), pos, vlan, True
+                    return np.int64(ET_NONE), pos, vlan, True, lim
                 bos = u8(buf, pos + 2) & 1
                 pos += 4
                 if bos:
                     break
             if pos >= end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             nib = u8(buf, pos) >> 4
             if nib == 4 or nib == 6:
                 etype = np.int64(ET_IP_NIBBLE)
@@ -392,30 +400,43 @@ def _demux(buf, etype, pos, end, vlan):
                 etype = np.int64(ET_ETHERNET)  # a pseudowire control word, then Ethernet
                 pos += 4
             else:
-                return np.int64(ET_NONE), pos, vlan, False
+                return np.int64(ET_NONE), pos, vlan, False, lim
+        elif etype == 0x8903:  # Cisco FabricPath: FTag/TTL, then the classical Ethernet frame
+            etype = np.int64(ET_ETHERNET)
+            pos += 2
+        elif etype == 0x88E7:  # 802.1ah backbone (PBB) I-TAG: flags and I-SID, then the customer frame
+            etype = np.int64(ET_ETHERNET)
+            pos += 4
+        elif etype == ET_IEEE802_11:
+            etype, pos, trunc = _ieee80211(buf, pos, end, np.int64(0))
+            if trunc:
+                return np.int64(ET_NONE), pos, vlan, True, lim
+            if etype == ET_NONE:
+                break
         elif etype == 0x8864:  # PPPoE session: 6-byte header, then the PPP protocol
             if pos + 8 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
+            lim = min(lim, pos + 6 + np.int64(be16(buf, pos + 4)))
             etype = _ppp_etype(be16(buf, pos + 6))
             pos += 8
         elif etype == ET_PPP:
             if pos + 2 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             if u8(buf, pos) == 0xFF and u8(buf, pos + 1) == 0x03:
                 pos += 2
             if pos + 1 > end:
-                return np.int64(ET_NONE), pos, vlan, True
+                return np.int64(ET_NONE), pos, vlan, True, lim
             if u8(buf, pos) & 1:  # protocol field compression
                 etype = _ppp_etype(u8(buf, pos))
                 pos += 1
             else:
                 if pos + 2 > end:
-                    return np.int64(ET_NONE), pos, vlan, True
+                    return np.int64(ET_NONE), pos, vlan, True, lim
                 etype = _ppp_etype(be16(buf, pos))
                 pos += 2
         else:
             break
-    return etype, pos, vlan, False
+    return etype, pos, vlan, False, lim
 
 
 # ---- tunnels ---------------------------------------------------------------------------------------------------
@@ -475,6 +496,8 @@ def _gre(buf, g, end):
         return np.int64(0x0800), h, np.int64(TUNNEL_GRE), False
     if proto == 0x880B:
         return np.int64(ET_PPP), h, np.int64(TUNNEL_GRE), False
+    if 0x8200 <= proto <= 0x83F0 and (proto & 0xF) == 0:  # Aruba access points: 802.11 frames
+        return np.int64(ET_IEEE802_11), h, np.int64(TUNNEL_GRE), False
     if proto == 0x0800 or proto == 0x86DD or proto == 0x8847 or proto == 0x8848:
         return proto, h, np.int64(TUNNEL_GRE), False
     return np.int64(ET_NONE), h, np.int64(TUNNEL_NONE), False
@@ -482,9 +505,12 @@ def _gre(buf, g, end):
 
 @njit(cache=True, inline="always")
 def _udp_tunnel(buf, l4, end, dp):
-    """VXLAN (4789) or Geneve (6081) after the UDP header at l4: ((pseudo-)ethertype, offset, code, truncated?)."""
+    """VXLAN (4789), Geneve (6081) or GRE-in-UDP (4754) after the UDP header at l4: ((pseudo-)ethertype, offset,
+    code, truncated?)."""
     if dp == VXLAN_PORT:
         return np.int64(ET_ETHERNET), l4 + 16, np.int64(TUNNEL_VXLAN), False
+    if dp == GRE_UDP_PORT:
+        return _gre(buf, l4 + 8, end)
     if l4 + 16 > end:
         return np.int64(ET_NONE), l4, np.int64(TUNNEL_NONE), True
     inner = l4 + 16 + np.int64(u8(buf, l4 + 8) & 0x3F) * 4
@@ -804,7 +830,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
             if not trunc:
                 etype, pos, trunc = _link(buf, l2s, end, method, rflags)
             if not trunc:
-                etype, pos, vlan, trunc = _demux(buf, etype, pos, end, vlan)
+                etype, pos, vlan, trunc, lim = _demux(buf, etype, pos, end, vlan, lim)
             if trunc:
                 status |= ST_TRUNC_L2
                 etype = np.int64(ET_NONE)
@@ -869,11 +895,13 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 st, ulen, dp, nf, nfi = _udp(buf, l4, end, l4_true, max(q + claim - l4, 0), i, o16, o32,
                                              f_row, f_code, f_val, nf, nfi)
                 status |= st
-                if ulen < 0 or frag != FRAG_NONE or depth >= MAX_DEPTH or (dp != VXLAN_PORT and dp != GENEVE_PORT):
+                if ulen < 0 or frag != FRAG_NONE or depth >= MAX_DEPTH or (dp != VXLAN_PORT and dp != GENEVE_PORT and dp != GRE_UDP_PORT):
                     break
                 etype, pos, code, trunc = _udp_tunnel(buf, l4, end, dp)
                 if trunc:
                     status |= ST_TRUNC_L4
+                    break
+                if code == TUNNEL_NONE:
                     break
                 lim = min(lim, l4 + ulen)
             elif (l4_proto == 4 or l4_proto == 41 or l4_proto == 47) and frag == FRAG_NONE and depth < MAX_DEPTH:
@@ -898,7 +926,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 break
             # ---- a tunnel: its inner frame ------------------------------------------------------------
             o8[U8_TUNNEL, i] = code
-            etype, pos, _v, trunc = _demux(buf, etype, pos, end, np.int64(0))
+            etype, pos, _v, trunc, lim = _demux(buf, etype, pos, end, np.int64(0), lim)
             if trunc:
                 status |= ST_TRUNC_L2
                 break

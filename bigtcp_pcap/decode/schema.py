@@ -29,8 +29,8 @@ BIGTCP_NAMES = ("none", "hbh_jumbo", "v6_plen0", "v4_totlen0")
 
 # The tunnel (or IP-in-IP encapsulation) whose inner frame the IP/L4 columns describe, the innermost one when
 # they nest. This is the one list of them: the decoder writes these codes, the Parquet and dissect outputs their
-# names. vxlan/geneve: UDP 4789/6081; gre: GRE (RFC 2784/2890, and PPTP's version 1) carrying IPv4, IPv6,
-# MPLS, PPP or Ethernet (0x6558), and WCCP redirects; erspan: GRE 0x88BE (ERSPAN type I and II) or 0x22EB (type
+# names. vxlan/geneve: UDP 4789/6081; gre: GRE (RFC 2784/2890, PPTP's version 1, GRE-in-UDP 4754) carrying
+# IPv4, IPv6, MPLS, PPP, Ethernet (0x6558) or Aruba's 802.11 frames, and WCCP redirects; erspan: GRE 0x88BE (ERSPAN type I and II) or 0x22EB (type
 # III) from a mirror port; ipip: IP protocol 4 (IPv4 inside IPv4 or IPv6); ip6ip: IP protocol 41 (IPv6 inside
 # IPv4, i.e. SIT/6in4, or inside IPv6, ip6ip6).
 TUNNEL_NONE, TUNNEL_VXLAN, TUNNEL_GENEVE, TUNNEL_GRE, TUNNEL_ERSPAN, TUNNEL_IPIP, TUNNEL_IP6IP = 0, 1, 2, 3, 4, 5, 6

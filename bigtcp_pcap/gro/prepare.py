@@ -108,7 +108,7 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
     # R7: the reserved "evil" bit of IPv4 flag-marks too.
     flushmark = mismatch | (v4 & (b.ip_evil != 0))
 
-    keep = np.int64(0x1FF & ~ignored_flag_bits(cfg))
+    keep = np.int64(0xFFF & ~ignored_flag_bits(cfg))  # the 12-bit flag word: reserved bits compare too
     flagword = ((b.tcp_hdr_len.astype(np.int64) >> 2) << 28) | ((b.tcp_flags.astype(np.int64) & keep) << 16) \
         | b.tcp_win.astype(np.int64)
     l3word = (b.ttl.astype(np.int64) << 16) | (b.tos.astype(np.int64) << 8) | np.where(v4, b.df, 0).astype(np.int64)
