@@ -527,16 +527,16 @@ def _ipv4(buf, q, end, frame_l3, i, o8, o16, o32, src, dst, f_row, f_code, f_val
     L4 offset or -1 to stop, protocol, FRAG_* state, nf, nfi)."""
     m1 = np.int64(-1)
     if q + 20 > end:
-        return np.int64(ST_TRUNC_L3), np.int64(0), np.int64(0), m1, m1, FRAG_NONE, nf, nfi
+        return np.int64(ST_TRUNC_L3), np.int64(0), np.int64(0), m1, m1, np.int64(FRAG_NONE), nf, nfi
     o8[U8_IP_VERSION, i] = 4
     if u8(buf, q) >> 4 != 4:
         nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.BAD_VERSION, u8(buf, q) >> 4)
-        return np.int64(ST_MALFORMED), np.int64(0), np.int64(0), m1, m1, FRAG_NONE, nf, nfi
+        return np.int64(ST_MALFORMED), np.int64(0), np.int64(0), m1, m1, np.int64(FRAG_NONE), nf, nfi
     ihl = np.int64(u8(buf, q) & 0xF) * 4
     o16[U16_IP_HDR_LEN, i] = ihl
     if ihl < 20:
         nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.V4_BAD_IHL, ihl)
-        return np.int64(ST_MALFORMED), np.int64(0), np.int64(0), m1, m1, FRAG_NONE, nf, nfi
+        return np.int64(ST_MALFORMED), np.int64(0), np.int64(0), m1, m1, np.int64(FRAG_NONE), nf, nfi
     st = np.int64(0)
     tot = np.int64(be16(buf, q + 2))
     fl = be16(buf, q + 6)
@@ -569,11 +569,11 @@ def _ipv4(buf, q, end, frame_l3, i, o8, o16, o32, src, dst, f_row, f_code, f_val
             nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.V4_LEN_EXCEEDS, tot - frame_l3)
     ip_len = min(claim, max(frame_l3, ihl))
     o32[U32_IP_LEN, i] = ip_len
-    frag = FRAG_NONE
+    frag = np.int64(FRAG_NONE)
     if fl & 0x1FFF:
-        frag = FRAG_LATER
+        frag = np.int64(FRAG_LATER)
     elif fl & 0x2000:
-        frag = FRAG_FIRST
+        frag = np.int64(FRAG_FIRST)
     if q + ihl > end:
         return st | ST_TRUNC_L3, ip_len, claim, m1, proto, frag, nf, nfi
     return st, ip_len, claim, q + ihl, proto, frag, nf, nfi
@@ -584,11 +584,11 @@ def _ipv6(buf, q, end, frame_l3, i, o8, o16, o32, o64, src, dst, f_row, f_code, 
     """The IPv6 header and its extension-header chain at q; returns as ``_ipv4``."""
     m1 = np.int64(-1)
     if q + 40 > end:
-        return np.int64(ST_TRUNC_L3), np.int64(0), np.int64(0), m1, m1, FRAG_NONE, nf, nfi
+        return np.int64(ST_TRUNC_L3), np.int64(0), np.int64(0), m1, m1, np.int64(FRAG_NONE), nf, nfi
     o8[U8_IP_VERSION, i] = 6
     if u8(buf, q) >> 4 != 6:
         nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.BAD_VERSION, u8(buf, q) >> 4)
-        return np.int64(ST_MALFORMED), np.int64(0), np.int64(0), m1, m1, FRAG_NONE, nf, nfi
+        return np.int64(ST_MALFORMED), np.int64(0), np.int64(0), m1, m1, np.int64(FRAG_NONE), nf, nfi
     o8[U8_TOS, i] = ((u8(buf, q) & 0xF) << 4) | (u8(buf, q + 1) >> 4)
     o32[U32_FLOW_LABEL, i] = ((np.uint32(u8(buf, q + 1)) & 0xF) << 16) | be16(buf, q + 2)
     plen = np.int64(be16(buf, q + 4))
@@ -606,7 +606,7 @@ def _ipv6(buf, q, end, frame_l3, i, o8, o16, o32, o64, src, dst, f_row, f_code, 
     has_hbh = False
     has_frag = False
     trunc = False
-    frag = FRAG_NONE
+    frag = np.int64(FRAG_NONE)
     while _is_ext(nxt):
         if count >= 16:
             nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.EXT_TOO_MANY, 16)
@@ -631,9 +631,9 @@ def _ipv6(buf, q, end, frame_l3, i, o8, o16, o32, o64, src, dst, f_row, f_code, 
             has_frag = True
             fo = be16(buf, h + 2)
             if fo & 0xFFF8:
-                frag = FRAG_LATER
+                frag = np.int64(FRAG_LATER)
             elif fo & 1:
-                frag = FRAG_FIRST
+                frag = np.int64(FRAG_FIRST)
         elif nxt == 0 or nxt == 60:
             o = h + 2
             while o < h + hl:
