@@ -881,6 +881,8 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 status |= ST_IP_FRAGMENT
             if l4 < 0 or frag == FRAG_LATER:
                 break
+            if frag == FRAG_FIRST and q + ip_len - l4 < (20 if l4_proto == 6 else 8):
+                break  # a first fragment without the whole TCP/UDP header: nothing to decode from it
             # ---- L4 ----------------------------------------------------------------------------------
             l4_true = max(q + ip_len - l4, 0)  # bytes of L4 header + payload in the true packet
             lim = q + ip_len
