@@ -44,12 +44,12 @@ from collections.abc import Callable
 import numpy as np
 
 from .._native import njit
-from ..decode.schema import ST_TRUNC_L4, TH_SYN, PacketBatch
+from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
 from .engine import GroEngine, _poll_marks, _receivers, next_same
-from .prepare import KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
+from .prepare import FRAGMENT_OTHER, KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
 from .rules import (
     M32,
     MERGE,
@@ -606,7 +606,7 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
 
 
 @njit(cache=True, entry=True)
-def _prepare_kernel(ver, l4_proto, fid, status, ip_hdr_len, tunnel, ip_len_field, wirelen, l3_off, ip_evil,
+def _prepare_kernel(ver, l4_proto, l4_off, fid, status, ip_hdr_len, tunnel, ip_len_field, wirelen, l3_off, ip_evil,
                     tcp_hdr_len, tcp_flags, tcp_win, ttl, tos, df, l2_hash, vlan, if_id, src, dst, sport, dport,
                     flow_label, ext_hash, cfg, kind, flushmark, flagword, l3word, hdr_len, c1, c6, c7):
     """``prepare.prepare`` (dedupe=False, row_hash=False) in one pass: the same columns, computed per row.
@@ -620,6 +620,9 @@ def _prepare_kernel(ver, l4_proto, fid, status, ip_hdr_len, tunnel, ip_len_field
         st = np.int64(status[i])
         tcp = (v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and (st & NO_GRO_STATUS) == 0
         giveup = tcp and ((v4 and ip_hdr_len[i] != 20) or (st & ST_TRUNC_L4) != 0 or tunnel[i] != 0)
+        # R5/R9: a first fragment whose TCP header was read is delivered alone (a row), held entries untouched
+        giveup = giveup or ((v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and l4_off[i] >= 0
+                            and (st & ST_IP_FRAGMENT) != 0 and (st & FRAGMENT_OTHER) == 0)
         kind[i] = KIND_ALONE if giveup else (KIND_TCP if tcp else KIND_OTHER)
         declared = np.int64(ip_len_field[i]) + (40 if v6 else 0)
         l3o = np.int64(l3_off[i])
@@ -644,7 +647,7 @@ def prepare_compiled(b: PacketBatch, fid: np.ndarray, cfg: GroConfig) -> Prepare
     src = np.ascontiguousarray(b.src).view(np.uint64).reshape(n, 2)
     dst = np.ascontiguousarray(b.dst).view(np.uint64).reshape(n, 2)
     c = np.array([rules.r14_2_kept_flags(cfg), int(cfg.treat_padding_as_flush)], np.int64)
-    _prepare_kernel(b.ip_version, b.l4_proto, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
+    _prepare_kernel(b.ip_version, b.l4_proto, b.l4_off, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
                     b.l3_off, b.ip_evil, b.tcp_hdr_len, b.tcp_flags, b.tcp_win, b.ttl, b.tos, b.df, b.l2_hash, b.vlan,
                     b.if_id, src, dst, b.sport, b.dport, b.flow_label, b.ext_hash, c, kind, flushmark, flagword,
                     l3word, hdr_len, c1, c6, c7)
