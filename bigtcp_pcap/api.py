@@ -28,7 +28,7 @@ from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import BigtcpError, CaptureError, Interrupted, OutputError
-from .flows.table import FlowTable
+from .flows.table import CLOSE_TIMEOUT_NS, IDLE_TIMEOUT_NS, FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
@@ -128,6 +128,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             packets: bool = False, gro: GroConfig | None = None, progress: Callable[[int, int | None], None]
             | None = None, name: str | None = None, filters: list[str] | None = None, audit: bool = True,
             wireshark_sidecar: bool = False, gro_engine: str = "compiled", sha256: bool = False,
+            flow_idle_timeout_s: float = IDLE_TIMEOUT_NS / 1e9, flow_close_timeout_s: float = CLOSE_TIMEOUT_NS / 1e9,
             **gro_params: Any) -> Analysis:
     """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
 
@@ -141,6 +142,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     ``gro_engine``: "compiled" (numba, default) or "reference" (pure Python, for tests); identical rows.
     ``sha256``: record the SHA-256 of the capture file in the tables' metadata (``source_sha256``; otherwise
     null). It costs about 0.6 s per GiB read, like ``capinfos -H`` it is asked for, not default.
+    ``flow_idle_timeout_s`` / ``flow_close_timeout_s``: a flow ends (its row is written and leaves memory) when
+    its connection was silent this long, or closed (RST, or FIN both ways) and then silent this long; the same
+    5-tuple later is a new flow (new row, new flow_id). Recorded in the metadata (``params.flows``).
     """
     packets = packets or wireshark_sidecar
     if source is None:
@@ -167,7 +171,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         except OSError as e:
             reader.src.close()
             raise OutputError.from_os(str(out), e, "cannot make the output directory") from None
-    flows = FlowTable()
+    flows = FlowTable(idle_timeout_ns=round(flow_idle_timeout_s * 1e9),
+                      close_timeout_ns=round(flow_close_timeout_s * 1e9))
+    flow_params = {"idle_timeout_s": flow_idle_timeout_s, "close_timeout_s": flow_close_timeout_s}
+    flow_sum = _FlowSummary()
     # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
     sinks: dict[str, P.TableSink] = {}
 
@@ -182,30 +189,27 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     stop: BaseException | None = None  # raised again once the tables are closed (interrupt, output fault)
     batches = iter(reader)
     audit_results: list = []
-    flow_cols = FlowTable().columns()
     try:
         sink_packets = open_sink("packets", P.PACKETS_SCHEMA, background=True) if packets else None
         sink_findings = open_sink("findings", P.FINDINGS_SCHEMA)
         sink_sp = open_sink("superpackets", SUPERPACKETS_SCHEMA)
+        sink_flows = open_sink("flows", P.FLOWS_SCHEMA)
 
-        pending_sp: list = []  # super-packet rows are converted and written ~32k at a time (per-call costs)
-        pending_rows = 0
-
-        def emit_superpackets(spb, final: bool = False) -> None:
-            nonlocal pending_rows
-            if len(spb):
-                pending_sp.append(spb)
-                pending_rows += len(spb)
-            if pending_sp and (final or pending_rows >= P.TableSink.ROW_GROUP):
-                rows = pending_sp[0] if len(pending_sp) == 1 else type(spb).concat(pending_sp)
-                pending_sp.clear()
-                pending_rows = 0
+        def emit_superpackets(rows) -> None:
+            # converted while their flows are in memory (the table buffers them into row groups)
+            if len(rows):
                 D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
                 flows.add_superpackets(rows.flow_id, rows.payload_len)
                 stats.add_superpackets(rows)
                 tally.add(rows)
                 if not sink_sp.failed:
                     sink_sp.write_columns(superpackets_columns(rows, flows, gro_stage.labels))
+
+        def emit_flows(cols) -> None:
+            if cols is not None:
+                flow_sum.add(cols)
+                if not sink_flows.failed:
+                    sink_flows.write_columns(cols)
 
         def partial_row(code: int, frame: int, text: str) -> None:
             if not sink_findings.failed:
@@ -217,7 +221,6 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             for rb in batches:
                 pb, fr = decode(rb)
                 fid = flows.assign(pb)
-                flows.update(pb, fid)
                 fr = _count_unknown_linktypes(fr, info)
                 stats.add(pb, fr)
                 if len(fr):
@@ -226,6 +229,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
                     sink_packets.write(P.packets_table(pb, fid))
                 emit_superpackets(gro_stage.feed(rb, pb, fid))
                 whatif.add(pb, fid, gro_stage.last_receivers)
+                if len(pb):  # ended flows leave memory (those with GRO rows still to come wait)
+                    emit_flows(flows.expire(int(pb.ts_ns.max()), gro_stage.held_flow_ids()))
+                    gro_stage.recycle(flows.in_memory)  # and the GRO engine forgets their keys
                 audits.feed(rb, pb, fid)
                 if progress is not None:
                     progress(reader.src.bytes_read, info.size)
@@ -242,17 +248,15 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             partial_row(F.OUTPUT_FAILED, info.packets + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
         finally:
             batches.close()
-        emit_superpackets(gro_stage.finish(), final=True)
-
-        flow_cols = flows.columns()
+        emit_superpackets(gro_stage.finish())
+        emit_flows(flows.expire(0, everything=True))
         if not sink_findings.failed:
-            _suspect_filtered_capture(flow_cols, stats, sink_findings)
+            _suspect_filtered_capture(flow_sum, stats, sink_findings)
             notes = info.notes.rows()
             if notes["frame"]:
                 sink_findings.write_columns(notes)
                 stats.findings.update(notes["code"])
         audit_results = audits.finish()
-        open_sink("flows", P.FLOWS_SCHEMA).write_columns(flow_cols)
         sink_audit = open_sink("filter_audit", AUDIT_SCHEMA)  # always written, empty when clean
         for r in audit_results:
             sink_audit.write(audit_rows(r))
@@ -266,7 +270,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     params = {"gro": cfg.to_metadata(), "gro_engine": gro_engine, "packets": packets,
-              "filters": [r.expr for r in audit_results], "default_filters": filters is None}
+              "filters": [r.expr for r in audit_results], "default_filters": filters is None, "flows": flow_params}
     meta = {
         "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
         "source_sha256": info.sha256, "format": info.format, "compression": info.compression,
@@ -279,11 +283,11 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         _raise_stop(stop, error, out_err, sinks, out)
-    summary = stats.summary(info, flow_cols, error, cfg, gro_stage.labels)
+    summary = stats.summary(info, flow_sum, error, cfg, gro_stage.labels)
     summary["filter_audit"] = audits.summary(audit_results)
     summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
     summary["capture_kind"] = D.infer_capture(tally, cfg, stats.payload_packets)
-    summary["diagnosis"] = D.diagnose(tally, flow_cols, cfg, whatif, gro_engine)
+    summary["diagnosis"] = D.diagnose(tally, flow_sum.columns(), cfg, whatif, gro_engine)
     whatif.batches.clear()
     write_summary(out / "summary.json", summary)
     result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
@@ -363,10 +367,42 @@ def _finding_columns(fr: FindingRows) -> dict[str, list]:
             "message": [c.template.format(value=v) for c, v in zip(codes, fr.value.tolist())]}
 
 
-def _suspect_filtered_capture(flow_cols: dict, stats: _Stats, sink) -> None:
+_TOP_KEYS = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
+             "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len", "max_superpacket_len",
+             "retransmissions", "out_of_order", "capture_gap_bytes")
+_KEEP_TOP = max(5, D.TOP_FLOWS)  # the summary's top flows and the diagnosis's
+
+
+class _FlowSummary:
+    """What the summary needs of the flows table, gathered as its rows are streamed (bounded size)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.v6_gap_bytes = 0  # capture gaps of IPv6 flows without BIG TCP packets
+        self.top: list[dict] = []  # the flows with the most payload (ties: lower flow_id), with ip_version
+
+    def add(self, cols: dict) -> None:
+        n = len(cols["flow_id"])
+        self.count += n
+        v6 = (cols["ip_version"] == 6) & (cols["bigtcp_packets"] == 0)
+        self.v6_gap_bytes += int(cols["capture_gap_bytes"][v6].sum(dtype=np.uint64))
+        best = np.lexsort((cols["flow_id"], -cols["payload_bytes"].astype(np.int64)))[:_KEEP_TOP].tolist()
+
+        def value(k: str, i: int):
+            c = cols[k]
+            return c[i].as_py() if hasattr(c, "to_pylist") else c[i].item()
+
+        self.top = sorted(self.top + [{k: value(k, i) for k in (*_TOP_KEYS, "ip_version")} for i in best],
+                          key=lambda r: (-r["payload_bytes"], r["flow_id"]))[:_KEEP_TOP]
+
+    def columns(self) -> dict[str, list]:
+        """The kept top flows as columns (what ``diagnose`` reads)."""
+        return {k: [r[k] for r in self.top] for k in (*_TOP_KEYS, "ip_version")}
+
+
+def _suspect_filtered_capture(flow_sum: _FlowSummary, stats: _Stats, sink) -> None:
     """IPv6 TCP flows with sequence gaps and no HBH packets: likely a 'tcp port N' capture of BIG TCP."""
-    gaps = sum(g for g, v, b in zip(flow_cols["capture_gap_bytes"], flow_cols["ip_version"],
-                                    flow_cols["bigtcp_packets"]) if v == 6 and b == 0)
+    gaps = flow_sum.v6_gap_bytes
     if gaps > 0 and stats.bigtcp[BIGTCP_NAMES.index("hbh_jumbo")] == 0:
         code = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
         sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
@@ -417,12 +453,8 @@ class _Stats:
         for r, k in zip(*np.unique(spb.receiver, return_counts=True)):
             self.receiver_rows[int(r)] += int(k)
 
-    def summary(self, info: CaptureInfo, flow_cols: dict, error: BigtcpError | None, cfg: GroConfig,
+    def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, cfg: GroConfig,
                 receivers: list[str]) -> dict:
-        top = sorted(range(len(flow_cols["flow_id"])), key=lambda i: -flow_cols["payload_bytes"][i])[:5]
-        keys = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
-                "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len",
-                "max_superpacket_len", "retransmissions", "out_of_order", "capture_gap_bytes")
         dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
@@ -433,8 +465,8 @@ class _Stats:
                         "linktypes_not_decoded": info.notes.by_value(F.UNKNOWN_LINKTYPE)},
             "bigtcp": {name: int(self.bigtcp[i]) for i, name in enumerate(BIGTCP_NAMES) if name != "none"},
             "max_bigtcp_ip_len": self.max_bigtcp_len,
-            "flows": len(flow_cols["flow_id"]),
-            "top_flows": [{k: flow_cols[k][i] for k in keys} for i in top],
+            "flows": flow_sum.count,
+            "top_flows": [{k: r[k] for k in _TOP_KEYS} for r in flow_sum.top[:5]],
             "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common()),
                              "poll_ends": {n: int(self.poll_ends[i]) for i, n in enumerate(POLL_END_NAMES) if i},
                              "receivers": {receivers[r]: k for r, k in self.receiver_rows.most_common()}},

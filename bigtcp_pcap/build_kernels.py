@@ -101,7 +101,13 @@ def workload() -> None:
         engine.feed(batch, fid)
         engine.flush()
         batch.l4_off[:] = 54
-        FlowTable().assign(batch)  # and the flow table's
+        flows = FlowTable()
+        flows.assign(batch)  # and the flow table's growth
+        flows.expire(int(batch.ts_ns.max()) + 10**12, engine.held_flow_ids())  # every flow ends: rows, frees
+        engine._recycle_at = 0  # and the GRO engine's key recycling (state rebuilt for the kept keys)
+        engine.recycle(flows.in_memory)
+        engine.feed(batch, flows.assign(batch))
+        engine.flush()
         # the cBPF interpreter, on a writable and on a read-only buffer (the audit's normalized copies), without
         # needing libpcap at build time: a one-instruction program (ret #65535)
         from bigtcp_pcap.audit import bpfvm

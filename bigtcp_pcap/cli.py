@@ -119,6 +119,10 @@ def analyze(
         "--wireshark-sidecar", help="also write OUTDIR/<capture>.bigtcp.tsv for the Wireshark plugin")] = False,
     sha256: Annotated[bool, typer.Option(
         "--sha256", help="record the capture file's SHA-256 in the tables' metadata (~0.6 s per GiB)")] = False,
+    flow_idle_timeout: Annotated[float, typer.Option(
+        "--flow-idle-timeout", help="seconds a connection may be silent before its flows end (new rows after)")] = 120.0,
+    flow_close_timeout: Annotated[float, typer.Option(
+        "--flow-close-timeout", help="seconds after RST (or FIN both ways) and silence before the flows end")] = 5.0,
 ) -> None:
     """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
 
@@ -138,6 +142,9 @@ def analyze(
                             napi_weight=napi_weight, hz=hz, poll_gap_us=poll_gap_us,
                             gro_flush_timeout_ns=gro_flush_timeout_ns, napi_defer_hard_irqs=napi_defer_hard_irqs,
                             rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
+            if not (flow_idle_timeout > 0 and flow_close_timeout > 0):
+                raise ValueError(f"--flow-idle-timeout and --flow-close-timeout must be > 0 s, got "
+                                 f"{flow_idle_timeout} and {flow_close_timeout}")
         except ValueError as e:
             raise UsageError(str(e)) from None
         with _stop_on_signals() as (check, signals), progress_bar(show, err) as cb:
@@ -147,7 +154,8 @@ def analyze(
                     cb(done, total)
 
             result = run(capture, outdir=outdir, packets=packets, gro=cfg, progress=on_batch, filters=filters,
-                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar, sha256=sha256)
+                         audit=not no_audit, wireshark_sidecar=wireshark_sidecar, sha256=sha256,
+                         flow_idle_timeout_s=flow_idle_timeout, flow_close_timeout_s=flow_close_timeout)
     except BigtcpError as e:  # usage (2), capture unreadable from the start (3), output (4), interrupted (130/143)
         raise _fail(_error_line(e, outdir), e.exit_code) from None
     if plots:

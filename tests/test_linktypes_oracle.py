@@ -235,7 +235,7 @@ def _check_more(check, i: int, pb: PacketBatch, e: Expect) -> None:
         return
     check("tcp_hdr_len", i, int(pb.tcp_hdr_len[i]), int(t["tcp.hdr_len"]))
     check("tcp_ack", i, int(pb.tcp_ack[i]), int(t["tcp.ack_raw"]))
-    check("tcp_flags", i, int(pb.tcp_flags[i]), int(t["tcp.flags"], 16) & 0x1FF)
+    check("tcp_flags", i, int(pb.tcp_flags[i]), int(t["tcp.flags"], 16) & 0xFFF)
     check("tcp_win", i, int(pb.tcp_win[i]), int(t["tcp.window_size_value"]))
     check("tcp_has_ts", i, bool(pb.tcp_has_ts[i]), "tcp.options.timestamp.tsval" in t)
     if "tcp.options.timestamp.tsval" in t:

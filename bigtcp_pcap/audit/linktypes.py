@@ -6,7 +6,8 @@ written into the one-header savefile libpcap compiles against (libpcap.py), and 
 pcap-common.c. A link type missing here is still compiled by libpcap under its own number; only the
 suggestions that need the link header length are then left out.
 
-This is the audit's only link-type knowledge, so it can later be pointed at a project-wide link-type table.
+The rows come from the project's link-type table (``bigtcp_pcap/linktypes.py``); only what the audit sees
+differently is written here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..linktypes import LINKTYPES as _TABLE
 
 
 @dataclass(frozen=True)
@@ -26,17 +29,15 @@ class LinkType:
     header_len: int | None  # bytes before the IP header (None: variable)
 
 
+# From the project's one link-type table (bigtcp_pcap/linktypes.py), with what differs for the audit: the savefile
+# value libpcap compiles against (LINKTYPE 14 is DLT_RAW only on OpenBSD; libpcap elsewhere knows raw IP as
+# LINKTYPE_RAW 101) and the name tcpdump prints (DLT_EN10MB for Ethernet).
+_SAVEFILE = {14: 101}
+_NAME = {1: "EN10MB"}
 LINKTYPES: dict[int, LinkType] = {
-    0: LinkType("NULL", 0, 4),  # 4-byte address family in the writer's byte order
-    1: LinkType("EN10MB", 1, 14),
-    12: LinkType("RAW", 12, 0),  # DLT_RAW on most systems, read as raw IP
-    14: LinkType("RAW", 101, 0),  # DLT_RAW on OpenBSD; libpcap elsewhere knows it only as LINKTYPE_RAW
-    101: LinkType("RAW", 101, 0),
-    108: LinkType("LOOP", 108, 4),  # 4-byte address family in network byte order
-    113: LinkType("LINUX_SLL", 113, 16),
-    228: LinkType("IPV4", 228, 0),
-    229: LinkType("IPV6", 229, 0),
-    276: LinkType("LINUX_SLL2", 276, 20),
+    lt.number: LinkType(_NAME.get(lt.number, lt.name), _SAVEFILE.get(lt.number, lt.number),
+                        lt.header if lt.header >= 0 else None)
+    for lt in _TABLE
 }
 # link types whose header holds a host-byte-order word: libpcap compiles the comparison for the byte order of
 # the file's writer, so a program exists per byte order (see ``byte_swapped``)

@@ -22,6 +22,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .. import findings as F
+from .. import linktypes
 from ..errors import CaptureError
 from . import walk
 from .notes import CaptureNotes
@@ -40,6 +41,7 @@ TS_UNKNOWN = int(walk.TS_UNKNOWN)
 # its ring slot holds: that size plus the slot's 16-byte alignment slack, plus 4 when libpcap re-inserts a VLAN
 # tag. Measured (scripts/capture_tpacket_clamp.sh, libpcap 1.10.3, Linux 6.18): caplen 65562 of 184306.
 TPACKET_V2_CLAMP = (65535 + 18, 65535 + 18 + 15 + 4)  # caplen range, both ends included
+SUPPORTED_LINKTYPES = linktypes.NAMES  # the link-type table (bigtcp_pcap/linktypes.py): number -> name
 PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multiplier to ns)
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
 PCAPNG_BOM = 0x1A2B3C4D

@@ -6,8 +6,8 @@ else, so a stage can be tested with a batch built by hand (``PacketBatch.empty(n
 Conventions
 -----------
 * Lengths are uint32: BIG TCP frames reach 512 KB, so 16-bit types are never used for a length.
-* TCP/UDP fields and the ``ip_*`` fields describe the innermost IP/L4 header (the inner frame of a VXLAN or
-  Geneve tunnel); ``tunnel`` says whether there was one.
+* TCP/UDP fields and the ``ip_*`` fields describe the innermost IP/L4 header (the inner frame of a VXLAN,
+  Geneve, GRE or ERSPAN tunnel, or of IP-in-IP); ``tunnel`` says whether there was one (``TUNNEL_NAMES``).
 * ``bigtcp`` is the encoding code (``BIGTCP_NAMES``): how the kernel signalled a length that does not fit in
   16 bits. ``ip_len`` is always the true L3 length, from the jumbo option or from the frame's original length
   (wirelen), never from caplen.
@@ -27,11 +27,20 @@ import numpy as np
 BIGTCP_NONE, BIGTCP_HBH_JUMBO, BIGTCP_V6_PLEN0, BIGTCP_V4_TOTLEN0 = 0, 1, 2, 3
 BIGTCP_NAMES = ("none", "hbh_jumbo", "v6_plen0", "v4_totlen0")
 
-TUNNEL_NONE, TUNNEL_VXLAN, TUNNEL_GENEVE = 0, 1, 2
-TUNNEL_NAMES = ("none", "vxlan", "geneve")
+# The tunnel (or IP-in-IP encapsulation) whose inner frame the IP/L4 columns describe, the innermost one when
+# they nest. This is the one list of them: the decoder writes these codes, the Parquet and dissect outputs their
+# names. vxlan/geneve: UDP 4789/6081; gre: GRE (RFC 2784/2890, PPTP's version 1, GRE-in-UDP 4754) carrying
+# IPv4, IPv6, MPLS, PPP, Ethernet (0x6558) or Aruba's 802.11 frames, and WCCP redirects; erspan: GRE 0x88BE (ERSPAN type I and II) or 0x22EB (type
+# III) from a mirror port; ipip: IP protocol 4 (IPv4 inside IPv4 or IPv6); ip6ip: IP protocol 41 (IPv6 inside
+# IPv4, i.e. SIT/6in4, or inside IPv6, ip6ip6).
+TUNNEL_NONE, TUNNEL_VXLAN, TUNNEL_GENEVE, TUNNEL_GRE, TUNNEL_ERSPAN, TUNNEL_IPIP, TUNNEL_IP6IP = 0, 1, 2, 3, 4, 5, 6
+TUNNEL_NAMES = ("none", "vxlan", "geneve", "gre", "erspan", "ipip", "ip6ip")
 
-# TCP flag bits as in the 9 low bits of the 16-bit word at TCP offset 12 (AE is the old NS bit).
+# TCP flag bits: the 12 low bits of the 16-bit word at TCP offset 12 (the data offset is the top 4): FIN..CWR,
+# AE (the old NS bit) and the three reserved bits, which the kernel's GRO flag-word comparison includes.
 TH_FIN, TH_SYN, TH_RST, TH_PSH, TH_ACK, TH_URG, TH_ECE, TH_CWR, TH_AE = 1, 2, 4, 8, 16, 32, 64, 128, 256
+TH_RESERVED = 0xE00  # the bits between AE and the data offset (RFC 9293 "Rsrvd")
+TH_ALL = 0xFFF  # every flag bit the tcp_flags column keeps
 
 # status bits: what the decoder could not do for this frame
 ST_TRUNC_L2 = 1  # link header cut by the snaplen
@@ -85,7 +94,7 @@ class PacketBatch:
     dport: np.ndarray  # uint16
     tcp_seq: np.ndarray  # uint32
     tcp_ack: np.ndarray  # uint32
-    tcp_flags: np.ndarray  # uint16, TH_* bits
+    tcp_flags: np.ndarray  # uint16, TH_* bits: the 12-bit flag word (reserved bits, AE, CWR..FIN)
     tcp_win: np.ndarray  # uint16 (raw, unscaled)
     tcp_hdr_len: np.ndarray  # uint8, doff * 4
     tcp_payload_len: np.ndarray  # uint32, true TCP payload (from ip_len, never caplen)

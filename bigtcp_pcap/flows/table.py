@@ -1,21 +1,65 @@
-"""The flow table: one row per TCP flow direction, updated batch by batch.
+"""The flow table: one row per TCP flow direction, updated batch by batch, streamed out when the flow ends.
 
-State grows with the number of flows, never with the number of packets: per flow a few counters, a histogram of
-payload lengths (lengths cluster at the MSS, so these stay small) and at most ``MAX_HOLES`` open sequence
-holes. The sequence bookkeeping (retransmissions, out-of-order, capture gaps) is a compiled loop over the batch.
+Everything per packet and per flow is compiled (no Python step per flow): one pass per batch finds each
+packet's flow (an open-addressing table over the exact key: IP version, addresses, ports), creates new flows,
+updates the counters, the payload-length histogram and the sequence bookkeeping (retransmissions,
+out-of-order, capture gaps, at most ``MAX_HOLES`` open holes per flow).
+
+A flow ends (its row is final and leaves memory) when its connection was idle for ``idle_timeout_ns`` (both
+directions silent; nfstream's idle timeout, Zeek's inactivity timeout), or was closed (RST either way, or FIN
+both ways) and then silent for ``close_timeout_ns`` (Zeek's tcp_close_delay: late ACKs and retransmitted
+FINs still belong to it). A packet of the same 5-tuple after that starts a new flow: a new row with a new
+``flow_id`` (ids are given in order of first appearance and never reused), as in Zeek's conn.log.
+Ended flows are collected at batch ends by ``expire``; a flow whose GRO entry is still held is kept until the
+GRO engine completes that entry by its own rules (the timeouts are seconds, GRO/NAPI timescales microseconds to
+milliseconds, so in practice this only defers a row by one batch), so its super-packet columns are whole.
+
+State per flow: a row of int64 fields, the key, the holes, and the histogram entries (payload lengths, and
+rebuilt super-packet lengths) in a pooled table; free slots and entries are recycled, so memory follows the
+flows alive at once, not the flows ever seen.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from collections import Counter
-
 import numpy as np
+import pyarrow as pa
 
 from .._native import njit
-from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_SYN, PacketBatch
+from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_RST, TH_SYN, PacketBatch
+from ..output.arrow import array
 
 MAX_HOLES = 16
+IDLE_TIMEOUT_NS = 120 * 10**9  # nfstream's default idle_timeout (Zeek's tcp_inactivity_timeout is 5 min)
+CLOSE_TIMEOUT_NS = 5 * 10**9  # Zeek's tcp_close_delay
+
+# --- per-slot int64 fields of F ---------------------------------------------------------------------------
+(F_FID, F_STATE, F_REV, F_FINRST, F_PACKETS, F_PAYLOAD, F_WIRE, F_BIG, F_MAXP, F_FIRST, F_TS0, F_TS1, F_MSS,
+ F_INITED, F_MAXEND, F_NHOLES, F_GAP, F_RETRANS, F_OOO, F_HHEAD, F_HLAST, F_SHEAD, F_SLAST, F_HOLD) = range(24)
+NF = 24
+FREE, ALIVE, ZOMBIE = 0, 1, 2  # ZOMBIE: ended, out of the key table, its row not yet written
+# --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest ----------------------
+NKY = 6
+# --- scalar state ST ------------------------------------------------------------------------------------------
+(S_NEXT_ID, S_FREE_TOP, S_NZOMB, S_TAB_FILL, S_HFREE, S_HFREE_N, S_HTOP, S_HTAB_FILL, S_FM_FILL, S_ALIVE) = range(10)
+NST = 10
+# --- output row of an ended flow (R) ----------------------------------------------------------------------
+(R_FID, R_VER, R_SPORT, R_DPORT, R_FIRST, R_TS0, R_TS1, R_PACKETS, R_PAYLOAD, R_WIRE, R_BIG, R_MAXP, R_MSS,
+ R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP) = range(22)
+NR = 22
+
+EMPTY, TOMB = np.int64(-1), np.int64(-2)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SEED = np.uint64(0x6A09E667F3BCC908)
+_SP_BIT = np.uint64(1) << np.uint64(63)
+
+
+@njit(cache=True, inline="always")
+def _fmix(h, x):
+    h = (h ^ x) * _M1
+    h ^= h >> np.uint64(31)
+    h *= _M2
+    return h ^ (h >> np.uint64(29))
 
 
 @njit(cache=True)
@@ -25,330 +69,716 @@ def _unwrap(seq, ref):
     return ref + d
 
 
-@njit(cache=True, entry=True)
-def seq_kernel(fid, seq, plen, flags, valid, inited, max_end, holes, nholes, gap_total, retrans, ooo):
-    """Track each flow's highest sequence end and its holes; count retransmissions and out-of-order data."""
-    for i in range(fid.shape[0]):
-        f = fid[i]
-        if f < 0 or not valid[i]:
-            continue
-        ln = np.int64(plen[i])
-        if flags[i] & TH_SYN:
-            ln += 1
-        if flags[i] & TH_FIN:
-            ln += 1
-        if not inited[f]:
-            inited[f] = True
-            max_end[f] = np.int64(seq[i]) + ln
-            continue
-        if ln == 0:
-            continue
-        s = _unwrap(seq[i], max_end[f])
-        e = s + ln
-        if s > max_end[f]:
-            # a hole: sequence space the capture has not shown (yet)
-            k = nholes[f]
-            if k == MAX_HOLES:  # forget the oldest hole; it stays counted as a gap
-                for j in range(MAX_HOLES - 1):
-                    holes[f, j, 0] = holes[f, j + 1, 0]
-                    holes[f, j, 1] = holes[f, j + 1, 1]
-                k -= 1
-            holes[f, k, 0] = max_end[f]
-            holes[f, k, 1] = s
-            nholes[f] = k + 1
-            gap_total[f] += s - max_end[f]
-            max_end[f] = e
-        elif e <= max_end[f] or s < max_end[f]:
-            filled = np.int64(0)
-            j = 0
-            while j < nholes[f]:
-                hs = holes[f, j, 0]
-                he = holes[f, j, 1]
-                a = max(hs, s)
-                b = min(he, e)
-                if a < b:
-                    filled += b - a
-                    # shrink or split the hole
-                    if a == hs and b == he:
-                        for m in range(j, nholes[f] - 1):
-                            holes[f, m, 0] = holes[f, m + 1, 0]
-                            holes[f, m, 1] = holes[f, m + 1, 1]
-                        nholes[f] -= 1
-                        continue
-                    elif a == hs:
-                        holes[f, j, 0] = b
-                    elif b == he:
-                        holes[f, j, 1] = a
-                    elif nholes[f] < MAX_HOLES:
-                        for m in range(nholes[f], j + 1, -1):
-                            holes[f, m, 0] = holes[f, m - 1, 0]
-                            holes[f, m, 1] = holes[f, m - 1, 1]
-                        holes[f, j, 1] = a
-                        holes[f, j + 1, 0] = b
-                        holes[f, j + 1, 1] = he
-                        nholes[f] += 1
-                        j += 1
-                j += 1
-            gap_total[f] -= filled
-            if filled > 0:
-                ooo[f] += 1
-            else:
-                retrans[f] += 1
-            max_end[f] = max(max_end[f], e)
-        else:
-            max_end[f] = e
-
-
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+# ============================================================================================================
+# a uint64 -> int64 open-addressing map (values >= 0; EMPTY / TOMB slots), kept at most half full by the caller
+# ============================================================================================================
+@njit(cache=True, inline="always")
+def _hm_find(K, V, key, h):
+    """Index of ``key`` (digest ``h``) in (K, V), or -1."""
+    m = V.shape[0] - 1
+    j = np.int64(h & np.uint64(m))
+    while True:
+        v = V[j]
+        if v == EMPTY:
+            return np.int64(-1)
+        if v >= 0 and K[j] == key:
+            return j
+        j = (j + 1) & m
 
 
 @njit(cache=True, inline="always")
-def _mix(h, x):
-    h = (h ^ x) * _M1
-    h ^= h >> np.uint64(31)
-    h *= _M2
-    return h ^ (h >> np.uint64(29))
+def _hm_insert(K, V, key, h, val):
+    """Insert an absent key; returns 1 when it took an empty slot (the fill grows), 0 for a tombstone."""
+    m = V.shape[0] - 1
+    j = np.int64(h & np.uint64(m))
+    while V[j] >= 0:
+        j = (j + 1) & m
+    grew = 1 if V[j] == EMPTY else 0
+    K[j] = key
+    V[j] = val
+    return grew
 
 
 @njit(cache=True, entry=True)
-def assign_kernel(ver, src, dst, sport, dport, mask, start, tab_d, tab_id, st, fid, new_rows):
-    """flow_id of each ``mask`` row from ``start`` on (-1 elsewhere), by a 64-bit digest of (version, src, dst,
-    sport, dport) in an open-addressing table (``tab_d`` digests, ``tab_id`` ids, -1 empty; a power of 2 kept at
-    most half full). ``src``/``dst`` are the address columns viewed as two uint64 words per row. A digest not seen
-    before gets the next id (st[0]) and its row goes to ``new_rows`` (st[1] of them). Returns the row where it
-    stopped: len(mask) when done, less when the table must grow first."""
-    n = mask.shape[0]
-    size = tab_d.shape[0]
-    nflows = st[0]
-    nnew = st[1]
+def rehash_map(K, V, K2, V2):
+    """Insert the live entries of (K, V) into the empty map (K2, V2)."""
+    for j in range(V.shape[0]):
+        if V[j] >= 0:
+            _hm_insert(K2, V2, K[j], _fmix(_SEED, K[j]), V[j])
+
+
+@njit(cache=True, entry=True)
+def rehash_keys(TAB, KY, TAB2):
+    """Insert the live slots of the key table TAB into the empty TAB2 (digests in KY[:, 5])."""
+    m = TAB2.shape[0] - 1
+    for j in range(TAB.shape[0]):
+        s = TAB[j]
+        if s >= 0:
+            i = np.int64(KY[s, 5] & np.uint64(m))
+            while TAB2[i] >= 0:
+                i = (i + 1) & m
+            TAB2[i] = s
+
+
+@njit(cache=True, inline="always")
+def _tab_remove(TAB, KY, s):
+    m = TAB.shape[0] - 1
+    j = np.int64(KY[s, 5] & np.uint64(m))
+    while TAB[j] != s:
+        j = (j + 1) & m
+    TAB[j] = TOMB
+
+
+# ============================================================================================================
+# per-packet steps
+# ============================================================================================================
+@njit(cache=True, inline="always")
+def _ended(F, s, t, idle, close):
+    """Has slot s's connection ended by time t (idle, or closed and then quiet)?"""
+    last = F[s, F_TS1]
+    fr = F[s, F_FINRST]
+    frr = np.int64(0)
+    r = F[s, F_REV]
+    if r >= 0:
+        last = max(last, F[r, F_TS1])
+        frr = F[r, F_FINRST]
+    gap = t - last
+    if gap > idle:
+        return True
+    closed = ((fr | frr) & 2) != 0 or ((fr & 1) != 0 and (frr & 1) != 0)
+    return closed and gap > close
+
+
+@njit(cache=True, inline="always")
+def _hist_add(F, s, kind, ln, cnt, headcol, lastcol, HK, HV, EL, EC, EN, ST):
+    """Add ``cnt`` sightings of length ``ln`` to slot s's histogram ``kind`` (0 payload, 1 super-packets)."""
+    e = F[s, lastcol]
+    if e >= 0 and EL[e] == ln:
+        EC[e] += cnt
+        return
+    hkey = (np.uint64(s) << np.uint64(32)) | np.uint64(ln)
+    if kind:
+        hkey |= _SP_BIT
+    h = _fmix(_SEED, hkey)
+    j = _hm_find(HK, HV, hkey, h)
+    if j >= 0:
+        e = HV[j]
+        EC[e] += cnt
+    else:
+        if ST[S_HFREE_N] > 0:
+            e = ST[S_HFREE]
+            ST[S_HFREE] = EN[e]
+            ST[S_HFREE_N] -= 1
+        else:
+            e = ST[S_HTOP]
+            ST[S_HTOP] += 1
+        EL[e] = ln
+        EC[e] = cnt
+        EN[e] = F[s, headcol]
+        F[s, headcol] = e
+        ST[S_HTAB_FILL] += _hm_insert(HK, HV, hkey, h, e)
+    F[s, lastcol] = e
+
+
+@njit(cache=True, inline="always")
+def _seq_step(F, H, f, seq, ln, flags):
+    """Track the flow's highest sequence end and its holes; count retransmissions and out-of-order data."""
+    if flags & TH_SYN:
+        ln += 1
+    if flags & TH_FIN:
+        ln += 1
+    if not F[f, F_INITED]:
+        F[f, F_INITED] = 1
+        F[f, F_MAXEND] = np.int64(seq) + ln
+        return
+    if ln == 0:
+        return
+    mx = F[f, F_MAXEND]
+    s = _unwrap(seq, mx)
+    e = s + ln
+    if s > mx:
+        # a hole: sequence space the capture has not shown (yet)
+        nh = F[f, F_NHOLES]
+        if nh == MAX_HOLES:  # forget the oldest hole; it stays counted as a gap
+            for j in range(MAX_HOLES - 1):
+                H[f, j, 0] = H[f, j + 1, 0]
+                H[f, j, 1] = H[f, j + 1, 1]
+            nh -= 1
+        H[f, nh, 0] = mx
+        H[f, nh, 1] = s
+        F[f, F_NHOLES] = nh + 1
+        F[f, F_GAP] += s - mx
+        F[f, F_MAXEND] = e
+    elif e <= mx or s < mx:
+        filled = np.int64(0)
+        j = 0
+        while j < F[f, F_NHOLES]:
+            hs = H[f, j, 0]
+            he = H[f, j, 1]
+            a = max(hs, s)
+            b = min(he, e)
+            if a < b:
+                filled += b - a
+                # shrink or split the hole
+                if a == hs and b == he:
+                    for m in range(j, F[f, F_NHOLES] - 1):
+                        H[f, m, 0] = H[f, m + 1, 0]
+                        H[f, m, 1] = H[f, m + 1, 1]
+                    F[f, F_NHOLES] -= 1
+                    continue
+                elif a == hs:
+                    H[f, j, 0] = b
+                elif b == he:
+                    H[f, j, 1] = a
+                elif F[f, F_NHOLES] < MAX_HOLES:
+                    for m in range(F[f, F_NHOLES], j + 1, -1):
+                        H[f, m, 0] = H[f, m - 1, 0]
+                        H[f, m, 1] = H[f, m - 1, 1]
+                    H[f, j, 1] = a
+                    H[f, j + 1, 0] = b
+                    H[f, j + 1, 1] = he
+                    F[f, F_NHOLES] += 1
+                    j += 1
+            j += 1
+        F[f, F_GAP] -= filled
+        if filled > 0:
+            F[f, F_OOO] += 1
+        else:
+            F[f, F_RETRANS] += 1
+        F[f, F_MAXEND] = max(mx, e)
+    else:
+        F[f, F_MAXEND] = e
+
+
+@njit(cache=True, inline="always")
+def _find(TAB, KY, w, s0, s1, d0, d1, h):
+    """Slot of the exact key, or -1."""
+    m = TAB.shape[0] - 1
+    j = np.int64(h & np.uint64(m))
+    while True:
+        g = TAB[j]
+        if g == EMPTY:
+            return np.int64(-1)
+        if g >= 0 and KY[g, 5] == h and KY[g, 0] == w and KY[g, 1] == s0 and KY[g, 2] == s1 \
+                and KY[g, 3] == d0 and KY[g, 4] == d1:
+            return g
+        j = (j + 1) & m
+
+
+@njit(cache=True, inline="always")
+def _digest(w, s0, s1, d0, d1):
+    return _fmix(_fmix(_fmix(_fmix(_fmix(_SEED, w), s0), s1), d0), d1)
+
+
+@njit(cache=True, inline="always")
+def _retire(F, TAB, KY, ZL, ST, s):
+    """An ended flow leaves the key table; its row is written by ``expire_kernel``."""
+    _tab_remove(TAB, KY, s)
+    F[s, F_STATE] = ZOMBIE
+    ZL[ST[S_NZOMB]] = s
+    ST[S_NZOMB] += 1
+    ST[S_ALIVE] -= 1
+
+
+@njit(cache=True, entry=True)
+def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, frame, flags, mss, seq, TO, F, KY,
+                H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid):
+    """One pass over a batch: flow_id of each ``mask`` row (-1 elsewhere), new flows, counters, histogram,
+    sequence bookkeeping. The caller guarantees room for one new flow and one histogram entry per row."""
+    idle = TO[0]
+    close = TO[1]
     pw = np.uint64(0)
     ps0 = ps1 = pd0 = pd1 = np.uint64(0)
-    prev_id = -1
-    for i in range(start, n):
+    prev = np.int64(-1)
+    for i in range(mask.shape[0]):
         if not mask[i]:
             fid[i] = -1
             continue
+        t = ts[i]
         w = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(sport[i]) << np.uint64(16)) | np.uint64(dport[i])
         s0, s1, d0, d1 = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
-        if prev_id >= 0 and w == pw and s0 == ps0 and s1 == ps1 and d0 == pd0 and d1 == pd1:
-            fid[i] = prev_id  # bursts of one flow skip the digest and the table
-            continue
-        h = _mix(_mix(_mix(_mix(_mix(np.uint64(0x6A09E667F3BCC908), w), s0), s1), d0), d1)
-        j = np.int64(h & np.uint64(size - 1))
-        while True:
-            g = tab_id[j]
-            if g < 0:
-                if 2 * (nflows + 1) > size:
-                    st[0] = nflows
-                    st[1] = nnew
-                    return i
-                g = nflows
-                nflows += 1
-                tab_id[j] = g
-                tab_d[j] = h
-                new_rows[nnew] = i
-                nnew += 1
-                break
-            if tab_d[j] == h:
-                break
-            j = (j + 1) & (size - 1)
-        fid[i] = g
-        prev_id = g
-        pw, ps0, ps1, pd0, pd1 = w, s0, s1, d0, d1
-    st[0] = nflows
-    st[1] = nnew
-    return n
-
-
-@njit(cache=True, entry=True)
-def rehash_kernel(old_d, old_id, tab_d, tab_id):
-    """Insert the occupied slots of (old_d, old_id) into the empty, larger table (tab_d, tab_id)."""
-    size = tab_d.shape[0]
-    for k in range(old_d.shape[0]):
-        if old_id[k] < 0:
-            continue
-        h = old_d[k]
-        j = np.int64(h & np.uint64(size - 1))
-        while tab_id[j] >= 0:
-            j = (j + 1) & (size - 1)
-        tab_d[j] = h
-        tab_id[j] = old_id[k]
-
-
-@njit(cache=True, entry=True)
-def counters_kernel(fid, plen, wirelen, bigtcp, ts, frame, flags, mss, packets, payload, wire, big, maxp,
-                    first_frame, ts_first, ts_last, mss_out):
-    """Per-flow packet/byte counters, first/last sighting and the SYN's MSS option, in one pass."""
-    for i in range(fid.shape[0]):
-        f = fid[i]
+        if prev >= 0 and w == pw and s0 == ps0 and s1 == ps1 and d0 == pd0 and d1 == pd1 \
+                and F[prev, F_STATE] == ALIVE:
+            f = prev  # bursts of one flow skip the digest and the table
+        else:
+            h = _digest(w, s0, s1, d0, d1)
+            f = _find(TAB, KY, w, s0, s1, d0, d1, h)
+            if f < 0:
+                f = np.int64(-2)
+            pw, ps0, ps1, pd0, pd1 = w, s0, s1, d0, d1
+        if f >= 0 and _ended(F, f, t, idle, close):
+            _retire(F, TAB, KY, ZL, ST, f)
+            f = np.int64(-2)
         if f < 0:
-            continue
-        if packets[f] == 0:
-            first_frame[f] = frame[i]
-            ts_first[f] = ts[i]
-        packets[f] += 1
+            h = _digest(w, s0, s1, d0, d1)
+            ST[S_FREE_TOP] -= 1
+            f = FREE_[ST[S_FREE_TOP]]
+            for c in range(NF):
+                F[f, c] = 0
+            g = ST[S_NEXT_ID]
+            ST[S_NEXT_ID] = g + 1
+            F[f, F_FID] = g
+            F[f, F_STATE] = ALIVE
+            F[f, F_HHEAD] = -1
+            F[f, F_HLAST] = -1
+            F[f, F_SHEAD] = -1
+            F[f, F_SLAST] = -1
+            F[f, F_REV] = -1
+            KY[f, 0], KY[f, 1], KY[f, 2], KY[f, 3], KY[f, 4], KY[f, 5] = w, s0, s1, d0, d1, h
+            m = TAB.shape[0] - 1
+            j = np.int64(h & np.uint64(m))
+            while TAB[j] >= 0:
+                j = (j + 1) & m
+            if TAB[j] == EMPTY:
+                ST[S_TAB_FILL] += 1
+            TAB[j] = f
+            ST[S_ALIVE] += 1
+            fk = np.uint64(g)
+            ST[S_FM_FILL] += _hm_insert(FK, FV, fk, _fmix(_SEED, fk), f)
+            # the reverse direction, when alive and not ended: both directions end together
+            rw = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(dport[i]) << np.uint64(16)) | np.uint64(sport[i])
+            r = _find(TAB, KY, rw, d0, d1, s0, s1, _digest(rw, d0, d1, s0, s1))
+            if r >= 0:
+                if _ended(F, r, t, idle, close):
+                    _retire(F, TAB, KY, ZL, ST, r)
+                else:
+                    F[f, F_REV] = r
+                    F[r, F_REV] = f
+        prev = f
+        fid[i] = F[f, F_FID]
+        # counters
+        if F[f, F_PACKETS] == 0:
+            F[f, F_FIRST] = np.int64(frame[i])
+            F[f, F_TS0] = t
+        F[f, F_PACKETS] += 1
         pl = np.int64(plen[i])
-        payload[f] += pl
-        wire[f] += wirelen[i]
+        F[f, F_PAYLOAD] += pl
+        F[f, F_WIRE] += np.int64(wirelen[i])
         if bigtcp[i] != BIGTCP_NONE:
-            big[f] += 1
-        maxp[f] = max(maxp[f], pl)
-        ts_last[f] = ts[i]
-        if (flags[i] & TH_SYN) and mss[i] > 0:
-            mss_out[f] = mss[i]
+            F[f, F_BIG] += 1
+        if pl > F[f, F_MAXP]:  # noqa: PLR1730 - no store in the common case
+            F[f, F_MAXP] = pl
+        F[f, F_TS1] = t
+        fl = np.int64(flags[i])
+        if (fl & TH_SYN) and mss[i] > 0:
+            F[f, F_MSS] = np.int64(mss[i])
+        if fl & TH_FIN:
+            F[f, F_FINRST] |= 1
+        if fl & TH_RST:
+            F[f, F_FINRST] |= 2
+        if pl > 0:
+            _hist_add(F, f, 0, pl, 1, F_HHEAD, F_HLAST, HK, HV, EL, EC, EN, ST)
+        _seq_step(F, H, f, seq[i], pl, fl)
+
+
+@njit(cache=True, entry=True)
+def superpackets_kernel(fids, lens, F, FK, FV, HK, HV, EL, EC, EN, ST):
+    """Add rebuilt super-packet lengths to their flows' histograms (the caller guarantees room)."""
+    for i in range(fids.shape[0]):
+        if fids[i] < 0:
+            continue
+        fk = np.uint64(fids[i])
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+        if j < 0:
+            continue
+        _hist_add(F, FV[j], 1, np.int64(lens[i]), 1, F_SHEAD, F_SLAST, HK, HV, EL, EC, EN, ST)
+
+
+@njit(cache=True, entry=True)
+def slots_kernel(fids, FK, FV, out):
+    """Slot of each flow id (-1: not in memory)."""
+    for i in range(fids.shape[0]):
+        out[i] = -1
+        if fids[i] >= 0:
+            fk = np.uint64(fids[i])
+            j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+            if j >= 0:
+                out[i] = FV[j]
+
+
+@njit(cache=True, inline="always")
+def _heapsort(a, b, n):
+    """Sort a[:n] ascending, carrying b[:n] along."""
+    for start in range(n // 2 - 1, -1, -1):
+        _sift(a, b, start, n)
+    for end in range(n - 1, 0, -1):
+        a[0], a[end] = a[end], a[0]
+        b[0], b[end] = b[end], b[0]
+        _sift(a, b, 0, end)
+
+
+@njit(cache=True, inline="always")
+def _sift(a, b, root, n):
+    while True:
+        c = 2 * root + 1
+        if c >= n:
+            return
+        if c + 1 < n and a[c + 1] > a[c]:
+            c += 1
+        if a[root] >= a[c]:
+            return
+        a[root], a[c] = a[c], a[root]
+        b[root], b[c] = b[c], b[root]
+        root = c
+
+
+@njit(cache=True, inline="always")
+def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
+    """(p50, p99, max, total) of a histogram (nearest rank; -1 when empty), then free its entries."""
+    n = 0
+    e = F[s, headcol]
+    while e >= 0:
+        WL[n] = EL[e]
+        WC[n] = EC[e]
+        n += 1
+        hkey = (np.uint64(s) << np.uint64(32)) | np.uint64(EL[e])
+        if kind:
+            hkey |= _SP_BIT
+        j = _hm_find(HK, HV, hkey, _fmix(_SEED, hkey))
+        HV[j] = TOMB
+        nx = EN[e]
+        EN[e] = ST[S_HFREE]
+        ST[S_HFREE] = e
+        ST[S_HFREE_N] += 1
+        e = nx
+    F[s, headcol] = -1
+    if n == 0:
+        return np.int64(-1), np.int64(-1), np.int64(-1), np.int64(0)
+    _heapsort(WL, WC, n)
+    total = np.int64(0)
+    for q in range(n):
+        total += WC[q]
+    r50 = max(np.int64(1), np.int64(np.ceil(0.50 * total)))
+    r99 = max(np.int64(1), np.int64(np.ceil(0.99 * total)))
+    p50 = p99 = np.int64(-1)
+    acc = np.int64(0)
+    for q in range(n):
+        acc += WC[q]
+        if p50 < 0 and acc >= r50:
+            p50 = WL[q]
+        if acc >= r99:
+            p99 = WL[q]
+            break
+    return p50, p99, WL[n - 1], total
+
+
+@njit(cache=True, entry=True)
+def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, WL, WC, R,
+                  RK):
+    """Write the rows of ended flows into R / RK (keys) and free their state; returns the number of rows.
+
+    Ended: retired during the batch (ZL), or alive and ended by ``now``; ``everything``: every flow (end of the
+    capture). Flows whose id is in ``held`` (GRO entries still held) wait for a later call."""
+    idle = TO[0]
+    close = TO[1]
+    for i in range(held.shape[0]):
+        fk = np.uint64(held[i])
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+        if j >= 0:
+            F[FV[j], F_HOLD] = 1
+    # mark first, free after: both directions of a connection are judged on the same facts
+    k = 0
+    for s in range(F.shape[0]):
+        st = F[s, F_STATE]
+        if st == FREE or F[s, F_HOLD]:
+            continue
+        if st == ZOMBIE or everything or _ended(F, s, now, idle, close):
+            ZL[k] = s
+            k += 1
+    rows = 0
+    for q in range(k):
+        s = ZL[q]
+        p50, p99, _, _ = _hist_final(F, s, 0, F_HHEAD, HK, HV, EL, EC, EN, ST, WL, WC)
+        s50, s99, smax, spn = _hist_final(F, s, 1, F_SHEAD, HK, HV, EL, EC, EN, ST, WL, WC)
+        R[rows, R_FID] = F[s, F_FID]
+        R[rows, R_VER] = np.int64(KY[s, 0] >> np.uint64(32))
+        R[rows, R_SPORT] = np.int64((KY[s, 0] >> np.uint64(16)) & np.uint64(0xFFFF))
+        R[rows, R_DPORT] = np.int64(KY[s, 0] & np.uint64(0xFFFF))
+        R[rows, R_FIRST] = F[s, F_FIRST]
+        R[rows, R_TS0] = F[s, F_TS0]
+        R[rows, R_TS1] = F[s, F_TS1]
+        R[rows, R_PACKETS] = F[s, F_PACKETS]
+        R[rows, R_PAYLOAD] = F[s, F_PAYLOAD]
+        R[rows, R_WIRE] = F[s, F_WIRE]
+        R[rows, R_BIG] = F[s, F_BIG]
+        R[rows, R_MAXP] = F[s, F_MAXP]
+        R[rows, R_MSS] = F[s, F_MSS]
+        R[rows, R_P50] = p50
+        R[rows, R_P99] = p99
+        R[rows, R_SP] = spn
+        R[rows, R_S50] = s50
+        R[rows, R_S99] = s99
+        R[rows, R_SMAX] = smax
+        R[rows, R_RETRANS] = F[s, F_RETRANS]
+        R[rows, R_OOO] = F[s, F_OOO]
+        R[rows, R_GAP] = F[s, F_GAP]
+        for c in range(5):
+            RK[rows, c] = KY[s, c]
+        rows += 1
+        fk = np.uint64(F[s, F_FID])
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+        FV[j] = TOMB
+        if F[s, F_STATE] == ALIVE:
+            _tab_remove(TAB, KY, s)
+            ST[S_ALIVE] -= 1
+    for q in range(k):  # unlink and free only now: a reverse direction may be among them
+        s = ZL[q]
+        r = F[s, F_REV]
+        if r >= 0 and F[r, F_REV] == s:
+            F[r, F_REV] = -1
+        F[s, F_STATE] = FREE
+        FREE_[ST[S_FREE_TOP]] = s
+        ST[S_FREE_TOP] += 1
+    # zombies that were held: list them again
+    nz2 = 0
+    for s in range(F.shape[0]):
+        if F[s, F_STATE] == ZOMBIE:
+            ZL[nz2] = s
+            nz2 += 1
+        if F[s, F_HOLD] == 1:
+            F[s, F_HOLD] = 0
+    ST[S_NZOMB] = nz2
+    return rows
+
+
+@njit(cache=True, entry=True)
+def format_addresses(ver, A, out, offs):
+    """Text of each address (IPv4 dotted quad, IPv6 as Python's ``ipaddress`` writes it: RFC 5952, lower-case
+    hex, the first longest run of 2+ zero groups as ``::``) into ``out`` (bytes), ``offs`` (n + 1 offsets)."""
+    p = 0
+    offs[0] = 0
+    for i in range(ver.shape[0]):
+        if ver[i] == 4:
+            for b in range(4):
+                v = np.int64(A[i, b])
+                if b:
+                    out[p] = 46  # '.'
+                    p += 1
+                if v >= 100:
+                    out[p] = 48 + v // 100
+                    p += 1
+                if v >= 10:
+                    out[p] = 48 + (v // 10) % 10
+                    p += 1
+                out[p] = 48 + v % 10
+                p += 1
+        else:
+            best, blen, cur, clen = -1, 0, -1, 0
+            for g in range(8):
+                if A[i, 2 * g] == 0 and A[i, 2 * g + 1] == 0:
+                    if cur < 0:
+                        cur = g
+                    clen += 1
+                    if clen > blen:
+                        best, blen = cur, clen
+                else:
+                    cur, clen = -1, 0
+            if blen < 2:
+                best = -1
+            g = 0
+            while g < 8:
+                if g == best:
+                    out[p] = 58
+                    out[p + 1] = 58
+                    p += 2
+                    g += blen
+                    continue
+                if g and g != best + blen or (g and best < 0):
+                    out[p] = 58  # ':'
+                    p += 1
+                v = (np.int64(A[i, 2 * g]) << 8) | np.int64(A[i, 2 * g + 1])
+                started = False
+                for sh in (12, 8, 4, 0):
+                    d = (v >> sh) & 15
+                    if d or started or sh == 0:
+                        out[p] = 48 + d if d < 10 else 87 + d
+                        p += 1
+                        started = True
+                g += 1
+        offs[i + 1] = p
+
+
+def address_strings(ver: np.ndarray, words: np.ndarray) -> pa.Array:
+    """Arrow string array of addresses from versions and (n, 2) uint64 address words (the decoder's bytes)."""
+    n = int(ver.shape[0])
+    A = np.ascontiguousarray(words, np.uint64).view(np.uint8).reshape(n, 16)
+    out = np.empty(max(n, 1) * 40, np.uint8)
+    offs = np.empty(n + 1, np.int32)
+    format_addresses(np.ascontiguousarray(ver, np.int64), A, out, offs)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offs), pa.py_buffer(out[: int(offs[-1])].copy()))
 
 
 class FlowTable:
-    """Assigns ``flow_id`` to TCP packets and accumulates per-flow columns."""
+    """Assigns ``flow_id`` to TCP packets, accumulates per-flow columns and hands out the rows of ended flows."""
 
-    def __init__(self) -> None:
-        self._tab_d = np.zeros(1024, np.uint64)  # 64-bit flow digest per slot (open addressing)
-        self._tab_id = np.full(1024, -1, np.int64)  # its flow_id, -1 for an empty slot
-        self._key_text: dict[int, tuple[str, str, int, int, int]] = {}
-        self.keys: list[bytes] = []
-        self._cap = 0
-        self._alloc(1024)
-        self.hist: list[Counter] = []  # observed payload lengths per flow
-        self.sp_hist: list[Counter] = []  # rebuilt super-packet payload lengths per flow
+    def __init__(self, idle_timeout_ns: int = IDLE_TIMEOUT_NS, close_timeout_ns: int = CLOSE_TIMEOUT_NS) -> None:
+        if idle_timeout_ns <= 0 or close_timeout_ns <= 0:
+            raise ValueError("flow timeouts must be > 0 ns")
+        self.idle_timeout_ns = int(idle_timeout_ns)
+        self.close_timeout_ns = int(close_timeout_ns)
+        self._TO = np.array([self.idle_timeout_ns, self.close_timeout_ns], np.int64)
+        self.ST = np.zeros(NST, np.int64)
+        self.F = np.zeros((0, NF), np.int64)
+        self.KY = np.zeros((0, NKY), np.uint64)
+        self.H = np.zeros((0, MAX_HOLES, 2), np.int64)
+        self.FREE = np.zeros(0, np.int64)
+        self.ZL = np.zeros(0, np.int64)
+        self._grow_slots(1024)
+        self.TAB = np.full(2048, -1, np.int64)
+        self.FK, self.FV = np.zeros(2048, np.uint64), np.full(2048, -1, np.int64)
+        self.HK, self.HV = np.zeros(4096, np.uint64), np.full(4096, -1, np.int64)
+        self.EL = self.EC = self.EN = np.zeros(0, np.int64)
+        self._grow_pool(2048)
+        self._R = np.zeros((0, NR), np.int64)
+        self._RK = np.zeros((0, 5), np.uint64)
 
-    def _alloc(self, cap: int) -> None:
-        old = self._cap
-        def grow(a, shape_tail=(), dtype=np.int64, fill=0):
-            new = np.full((cap, *shape_tail), fill, dtype)
-            if old:
-                new[:old] = a
-            return new
-        z = lambda name, **kw: grow(getattr(self, name, None), **kw)
-        self.packets = z("packets")
-        self.payload_bytes = z("payload_bytes")
-        self.wire_bytes = z("wire_bytes")
-        self.bigtcp_packets = z("bigtcp_packets")
-        self.max_payload = z("max_payload")
-        self.first_frame = z("first_frame")
-        self.ts_first = z("ts_first")
-        self.ts_last = z("ts_last")
-        self.mss = z("mss")
-        self.inited = z("inited", dtype=np.bool_, fill=False)
-        self.max_end = z("max_end")
-        self.holes = z("holes", shape_tail=(MAX_HOLES, 2))
-        self.nholes = z("nholes")
-        self.gap_total = z("gap_total")
-        self.retrans = z("retrans")
-        self.ooo = z("ooo")
-        self._cap = cap
+    # --- capacity (Python, per batch; never per flow) ------------------------------------------------------
+    def _grow_slots(self, cap: int) -> None:
+        old = self.F.shape[0]
+        if cap <= old:
+            return
+        F = np.zeros((cap, NF), np.int64)
+        F[:old] = self.F
+        KY = np.zeros((cap, NKY), np.uint64)
+        KY[:old] = self.KY
+        H = np.zeros((cap, MAX_HOLES, 2), np.int64)
+        H[:old] = self.H
+        FREE_ = np.zeros(cap, np.int64)
+        top = int(self.ST[S_FREE_TOP])
+        FREE_[:top] = self.FREE[:top]
+        FREE_[top: top + cap - old] = np.arange(cap - 1, old - 1, -1)  # new slots, lowest popped first
+        ZL = np.zeros(2 * cap, np.int64)
+        ZL[: self.ZL.shape[0]] = self.ZL
+        self.F, self.KY, self.H, self.FREE, self.ZL = F, KY, H, FREE_, ZL
+        self.ST[S_FREE_TOP] = top + cap - old
 
+    def _grow_pool(self, cap: int) -> None:
+        old = self.EL.shape[0]
+        if cap <= old:
+            return
+        new = []
+        for a in (self.EL, self.EC, self.EN):
+            b = np.zeros(cap, np.int64)
+            b[:old] = a
+            new.append(b)
+        self.EL, self.EC, self.EN = new
+        self._WL, self._WC = np.zeros(cap, np.int64), np.zeros(cap, np.int64)
+
+    @staticmethod
+    def _room(K: np.ndarray | None, V: np.ndarray, fill: int, live: int, more: int):
+        """(K, V) with room for ``more`` inserts at most half full, rebuilt without tombstones when needed."""
+        if 2 * (fill + more) <= V.shape[0]:
+            return K, V, fill
+        size = V.shape[0]
+        while size < 4 * (live + more):
+            size *= 2
+        V2 = np.full(size, -1, np.int64)
+        if K is None:
+            return None, V2, live
+        K2 = np.zeros(size, np.uint64)
+        rehash_map(K, V, K2, V2)
+        return K2, V2, live
+
+    def _reserve(self, flows: int, entries: int) -> None:
+        ST = self.ST
+        if ST[S_FREE_TOP] < flows:
+            self._grow_slots(max(2 * self.F.shape[0], self.F.shape[0] + flows))
+        live = self.F.shape[0] - int(ST[S_FREE_TOP])
+        if 2 * (int(ST[S_TAB_FILL]) + flows) > self.TAB.shape[0]:
+            _, TAB2, _ = self._room(None, self.TAB, int(ST[S_TAB_FILL]), live, flows)
+            rehash_keys(self.TAB, self.KY, TAB2)
+            self.TAB = TAB2
+            ST[S_TAB_FILL] = int(ST[S_ALIVE])
+        self.FK, self.FV, ST[S_FM_FILL] = self._room(self.FK, self.FV, int(ST[S_FM_FILL]), live, flows)
+        used = int(ST[S_HTOP]) - int(ST[S_HFREE_N])
+        if self.EL.shape[0] - int(ST[S_HTOP]) + int(ST[S_HFREE_N]) < entries:
+            self._grow_pool(max(2 * self.EL.shape[0], int(ST[S_HTOP]) + entries))
+        self.HK, self.HV, ST[S_HTAB_FILL] = self._room(self.HK, self.HV, int(ST[S_HTAB_FILL]), used, entries)
+
+    # --- the pipeline ------------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.keys)
+        """Flows seen so far (rows written and alive)."""
+        return int(self.ST[S_NEXT_ID])
+
+    @property
+    def alive(self) -> int:
+        """Flows in memory (alive, or ended with their row not yet written)."""
+        return self.F.shape[0] - int(self.ST[S_FREE_TOP])
 
     def assign(self, pb: PacketBatch) -> np.ndarray:
-        """flow_id per row (int64), -1 for packets that are not TCP with readable ports. Ids are given in order
-        of first appearance."""
+        """flow_id per row (int64), -1 for packets that are not TCP with readable ports, and every per-flow
+        column updated. Ids are given in order of first appearance."""
         n = len(pb)
         fid = np.empty(n, np.int64)
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
-        new_rows = np.empty(n, np.int64)
-        st = np.array([len(self.keys), 0], np.int64)
+        self._reserve(n, n)
         src = np.ascontiguousarray(pb.src).view(np.uint64)  # (n, 2) words
         dst = np.ascontiguousarray(pb.dst).view(np.uint64)
-        i = 0
-        while True:
-            i = assign_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, i, self._tab_d, self._tab_id, st,
-                              fid, new_rows)
-            if i >= n:
-                break
-            tab_d = np.zeros(2 * self._tab_d.shape[0], np.uint64)
-            tab_id = np.full(tab_d.shape[0], -1, np.int64)
-            rehash_kernel(self._tab_d, self._tab_id, tab_d, tab_id)
-            self._tab_d, self._tab_id = tab_d, tab_id
-        for row in new_rows[: int(st[1])].tolist():
-            self.keys.append(bytes([int(pb.ip_version[row])]) + pb.src[row].tobytes() + pb.dst[row].tobytes()
-                             + int(pb.sport[row]).to_bytes(2, "big") + int(pb.dport[row]).to_bytes(2, "big"))
-            self.hist.append(Counter())
-            self.sp_hist.append(Counter())
-        if len(self.keys) > self._cap:
-            self._alloc(max(len(self.keys), 2 * self._cap))
+        flow_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, pb.tcp_payload_len, pb.wirelen, pb.bigtcp,
+                    pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, self._TO, self.F, self.KY, self.H,
+                    self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE, self.ZL,
+                    self.ST, fid)
         return fid
 
-    def update(self, pb: PacketBatch, fid: np.ndarray) -> None:
-        if not (fid >= 0).any():
-            return
-        counters_kernel(fid, pb.tcp_payload_len, pb.wirelen, pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss,
-                        self.packets, self.payload_bytes, self.wire_bytes, self.bigtcp_packets, self.max_payload,
-                        self.first_frame, self.ts_first, self.ts_last, self.mss)
-        self._add_hist(self.hist, np.where(pb.tcp_payload_len > 0, fid, -1), pb.tcp_payload_len)
-        seq_kernel(fid, pb.tcp_seq, pb.tcp_payload_len, pb.tcp_flags, fid >= 0, self.inited, self.max_end,
-                   self.holes, self.nholes, self.gap_total, self.retrans, self.ooo)
-
     def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray) -> None:
-        self._add_hist(self.sp_hist, np.asarray(flow_id, np.int64), np.asarray(payload_len))
+        """Count rebuilt super-packets (GRO rows) toward their flows' super-packet columns."""
+        fids = np.ascontiguousarray(flow_id, np.int64)
+        self._reserve(0, fids.shape[0])
+        superpackets_kernel(fids, np.ascontiguousarray(payload_len, np.int64), self.F, self.FK, self.FV, self.HK,
+                            self.HV, self.EL, self.EC, self.EN, self.ST)
 
-    @staticmethod
-    def _add_hist(hists: list[Counter], fid: np.ndarray, lengths: np.ndarray) -> None:
-        """Add (flow, length) counts to per-flow histograms: one sort per batch, one dict update per distinct pair."""
-        m = fid >= 0
-        if not m.any():
-            return
-        pairs, counts = np.unique((fid[m] << 32) | lengths[m].astype(np.int64), return_counts=True)
-        for key, c in zip(pairs.tolist(), counts.tolist()):
-            hists[key >> 32][key & 0xFFFFFFFF] += c
+    def in_memory(self, flow_id: np.ndarray) -> np.ndarray:
+        """Per flow id: is the flow still in memory (alive, or ended with its row not yet written)?"""
+        fids = np.ascontiguousarray(flow_id, np.int64)
+        slots = np.empty(fids.shape[0], np.int64)
+        slots_kernel(fids, self.FK, self.FV, slots)
+        return slots >= 0
 
-    def key(self, flow_id: int) -> tuple[str, str, int, int, int]:
-        """(src, dst, sport, dport, ip_version) of a flow, addresses as text (computed once per flow)."""
-        got = self._key_text.get(flow_id)
-        if got is None:
-            got = self._key_text[flow_id] = self._key(flow_id)
-        return got
+    def addresses(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ip_version, src words, dst words, known) per flow id of flows still in memory."""
+        fids = np.ascontiguousarray(flow_id, np.int64)
+        slots = np.empty(fids.shape[0], np.int64)
+        slots_kernel(fids, self.FK, self.FV, slots)
+        known = slots >= 0
+        ky = self.KY[np.where(known, slots, 0)]
+        return (ky[:, 0] >> np.uint64(32)).astype(np.int64), ky[:, 1:3], ky[:, 3:5], known
 
-    def _key(self, flow_id: int) -> tuple[str, str, int, int, int]:
-        kb = self.keys[flow_id]
-        ver = kb[0]
-        if ver == 4:
-            src, dst = str(ipaddress.IPv4Address(kb[1:5])), str(ipaddress.IPv4Address(kb[17:21]))
-        else:
-            src, dst = str(ipaddress.IPv6Address(kb[1:17])), str(ipaddress.IPv6Address(kb[17:33]))
-        return src, dst, int.from_bytes(kb[33:35], "big"), int.from_bytes(kb[35:37], "big"), ver
+    def expire(self, now_ns: int, held_flow_ids: np.ndarray | None = None, everything: bool = False) -> dict | None:
+        """Columns (flows table) of the flows that ended by ``now_ns`` (all with ``everything``), sorted by
+        flow_id, their state freed; None when there are none. ``held_flow_ids``: flows with a GRO entry still
+        held, kept for a later call."""
+        cap = self.F.shape[0]
+        if self._R.shape[0] < cap:
+            self._R = np.zeros((cap, NR), np.int64)
+            self._RK = np.zeros((cap, 5), np.uint64)
+        held = np.zeros(0, np.int64) if held_flow_ids is None else np.ascontiguousarray(held_flow_ids, np.int64)
+        k = expire_kernel(np.int64(now_ns), everything, held, self._TO, self.F, self.KY, self.TAB, self.FK,
+                          self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE, self.ZL, self.ST,
+                          self._WL, self._WC, self._R, self._RK)
+        if not k:
+            return None
+        order = np.argsort(self._R[:k, R_FID], kind="stable")
+        R, RK = self._R[order], self._RK[order]
+        ver = R[:, R_VER]
 
-    def columns(self) -> dict[str, list]:
-        """The flows table (one row per flow direction), in flow_id order."""
-        n = len(self.keys)
-        cols: dict[str, list] = {k: [] for k in (
-            "flow_id", "ip_version", "src", "dst", "sport", "dport", "first_frame", "ts_first_ns", "ts_last_ns",
-            "packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "max_payload_len", "mss",
-            "p50_payload_len", "p99_payload_len", "superpackets", "p50_superpacket_len", "p99_superpacket_len",
-            "max_superpacket_len", "retransmissions", "out_of_order", "capture_gap_bytes")}
-        for f in range(n):
-            src, dst, sport, dport, ver = self.key(f)
-            p50, p99, _ = _percentiles(self.hist[f])
-            s50, s99, smax = _percentiles(self.sp_hist[f])
-            row = {"flow_id": f, "ip_version": ver, "src": src, "dst": dst, "sport": sport, "dport": dport,
-                       "first_frame": int(self.first_frame[f]), "ts_first_ns": int(self.ts_first[f]),
-                       "ts_last_ns": int(self.ts_last[f]), "packets": int(self.packets[f]),
-                       "payload_bytes": int(self.payload_bytes[f]), "wire_bytes": int(self.wire_bytes[f]),
-                       "bigtcp_packets": int(self.bigtcp_packets[f]), "max_payload_len": int(self.max_payload[f]),
-                       "mss": int(self.mss[f]) or None, "p50_payload_len": p50, "p99_payload_len": p99,
-                       "superpackets": sum(self.sp_hist[f].values()), "p50_superpacket_len": s50,
-                       "p99_superpacket_len": s99, "max_superpacket_len": smax,
-                       "retransmissions": int(self.retrans[f]), "out_of_order": int(self.ooo[f]),
-                       "capture_gap_bytes": int(self.gap_total[f])}
-            for k, v in row.items():
-                cols[k].append(v)
-        return cols
+        def nullable(col: int, t: pa.DataType) -> pa.Array:
+            v = R[:, col]
+            return array(np.where(v < 0, 0, v), t, v < 0)
 
-
-def _percentiles(hist: Counter) -> tuple[int | None, int | None, int | None]:
-    """Nearest-rank p50 and p99 and the maximum of a length histogram (None when empty)."""
-    total = sum(hist.values())
-    if not total:
-        return None, None, None
-    items = sorted(hist.items())
-    out = []
-    for q in (0.50, 0.99):
-        rank = max(1, int(np.ceil(q * total)))
-        acc = 0
-        for v, c in items:
-            acc += c
-            if acc >= rank:
-                out.append(v)
-                break
-    return out[0], out[1], items[-1][0]
+        return {
+            "flow_id": R[:, R_FID], "ip_version": ver.astype(np.uint8),
+            "src": address_strings(ver, RK[:, 1:3]), "dst": address_strings(ver, RK[:, 3:5]),
+            "sport": R[:, R_SPORT].astype(np.uint16), "dport": R[:, R_DPORT].astype(np.uint16),
+            "first_frame": R[:, R_FIRST].astype(np.uint64),
+            "ts_first_ns": R[:, R_TS0].view("datetime64[ns]"), "ts_last_ns": R[:, R_TS1].view("datetime64[ns]"),
+            "packets": R[:, R_PACKETS].astype(np.uint64), "payload_bytes": R[:, R_PAYLOAD].astype(np.uint64),
+            "wire_bytes": R[:, R_WIRE].astype(np.uint64), "bigtcp_packets": R[:, R_BIG].astype(np.uint64),
+            "max_payload_len": R[:, R_MAXP].astype(np.uint32),
+            "mss": array(R[:, R_MSS].astype(np.uint16), pa.uint16(), R[:, R_MSS] == 0),
+            "p50_payload_len": nullable(R_P50, pa.uint32()), "p99_payload_len": nullable(R_P99, pa.uint32()),
+            "superpackets": R[:, R_SP].astype(np.uint64),
+            "p50_superpacket_len": nullable(R_S50, pa.uint32()), "p99_superpacket_len": nullable(R_S99, pa.uint32()),
+            "max_superpacket_len": nullable(R_SMAX, pa.uint32()),
+            "retransmissions": R[:, R_RETRANS].astype(np.uint64), "out_of_order": R[:, R_OOO].astype(np.uint64),
+            "capture_gap_bytes": R[:, R_GAP].astype(np.uint64),
+        }

@@ -39,16 +39,17 @@ as a whole (``self.compiled`` is False then). Every other config, including ``gr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from .._native import njit
-from ..decode.schema import ST_TRUNC_L4, TH_SYN, PacketBatch
+from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
 from .engine import GroEngine, _poll_marks, _receivers, next_same
-from .prepare import KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
+from .prepare import FRAGMENT_OTHER, KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
 from .rules import (
     M32,
     MERGE,
@@ -77,6 +78,7 @@ from .rules import (
 from .superpacket import COLUMN_TYPES, SuperPacketBatch
 
 BIG = 1 << 62  # max_gro_skbs = inf, poll_gap_us = inf
+RECYCLE_MIN = 1 << 16  # recycle() looks at the keys once there are this many (and twice as many as last time)
 NS = 1_000_000_000
 MAX_HZ = 10**6
 MAX_PHASE = 1 << 61
@@ -85,7 +87,8 @@ MAX_PHASE = 1 << 61
 G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT = range(11)
 (E_Q, E_FID, E_L2, E_HDR, E_SEQ0, E_NXT, E_ACK, E_FWM, E_OPT, E_L3W, E_ID0, E_FIXED, E_MSS, E_GSO, E_COUNT,
  E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(11, 35)
-NSF = 35
+G_FIDL = 35  # flow id of the key's last packet (recycle: the key's state goes when that flow has ended)
+NSF = 36
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
 Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN = range(11)
 NQF = 11
@@ -330,6 +333,7 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
         k = kind[i]
         if k == KIND_TCP:
             g = gids[i]
+            S[g, G_FIDL] = fid_a[i]
             ln = np.int64(pl_a[i])
             f = np.int64(fl_a[i])
             fm = fm_a[i]
@@ -491,6 +495,50 @@ def _mix(h, x):
 
 
 @njit(cache=True, entry=True)
+def _dir_ids(S, keys, g0, g1, DK, DTAB, DST):
+    """G_DID / G_RDID of gids g0..g1-1: ids of the direction keys (version|ports, src, dst words), new ids for
+    unseen ones (the caller reserved room: DK rows, DTAB at most half full)."""
+    m = DTAB.shape[0] - 1
+    for g in range(g0, g1):
+        v = np.uint64(4 if S[g, G_V4] else 6)
+        sp = np.uint64(S[g, G_SPORT])
+        dp = np.uint64(S[g, G_DPORT])
+        for rev in range(2):
+            if rev:
+                w = (v << np.uint64(32)) | (dp << np.uint64(16)) | sp
+                a0, a1, b0, b1 = keys[g, 4], keys[g, 5], keys[g, 2], keys[g, 3]
+            else:
+                w = (v << np.uint64(32)) | (sp << np.uint64(16)) | dp
+                a0, a1, b0, b1 = keys[g, 2], keys[g, 3], keys[g, 4], keys[g, 5]
+            h = _mix(_mix(_mix(_mix(_mix(_M2, w), a0), a1), b0), b1)
+            j = np.int64(h & np.uint64(m))
+            while True:
+                d = DTAB[j]
+                if d < 0:
+                    d = DST[0]
+                    DST[0] = d + 1
+                    DK[d, 0], DK[d, 1], DK[d, 2], DK[d, 3], DK[d, 4] = w, a0, a1, b0, b1
+                    DTAB[j] = d
+                    break
+                if DK[d, 0] == w and DK[d, 1] == a0 and DK[d, 2] == a1 and DK[d, 3] == b0 and DK[d, 4] == b1:
+                    break
+                j = (j + 1) & m
+            S[g, G_RDID if rev else G_DID] = d
+
+
+@njit(cache=True, entry=True)
+def _dir_rehash(DK, n, DTAB):
+    """Re-insert direction ids 0..n-1 into the empty table DTAB."""
+    m = DTAB.shape[0] - 1
+    for d in range(n):
+        h = _mix(_mix(_mix(_mix(_mix(_M2, DK[d, 0]), DK[d, 1]), DK[d, 2]), DK[d, 3]), DK[d, 4])
+        j = np.int64(h & np.uint64(m))
+        while DTAB[j] >= 0:
+            j = (j + 1) & m
+        DTAB[j] = d
+
+
+@njit(cache=True, entry=True)
 def _rehash(tab, khash, ngid):
     """Re-insert gids 0..ngid-1 (table digests ``khash``) into the empty table ``tab`` (size a power of 2)."""
     mask = np.uint64(tab.shape[0] - 1)
@@ -558,7 +606,7 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
 
 
 @njit(cache=True, entry=True)
-def _prepare_kernel(ver, l4_proto, fid, status, ip_hdr_len, tunnel, ip_len_field, wirelen, l3_off, ip_evil,
+def _prepare_kernel(ver, l4_proto, l4_off, fid, status, ip_hdr_len, tunnel, ip_len_field, wirelen, l3_off, ip_evil,
                     tcp_hdr_len, tcp_flags, tcp_win, ttl, tos, df, l2_hash, vlan, if_id, src, dst, sport, dport,
                     flow_label, ext_hash, cfg, kind, flushmark, flagword, l3word, hdr_len, c1, c6, c7):
     """``prepare.prepare`` (dedupe=False, row_hash=False) in one pass: the same columns, computed per row.
@@ -572,6 +620,9 @@ def _prepare_kernel(ver, l4_proto, fid, status, ip_hdr_len, tunnel, ip_len_field
         st = np.int64(status[i])
         tcp = (v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and (st & NO_GRO_STATUS) == 0
         giveup = tcp and ((v4 and ip_hdr_len[i] != 20) or (st & ST_TRUNC_L4) != 0 or tunnel[i] != 0)
+        # R5/R9: a first fragment whose TCP header was read is delivered alone (a row), held entries untouched
+        giveup = giveup or ((v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and l4_off[i] >= 0
+                            and (st & ST_IP_FRAGMENT) != 0 and (st & FRAGMENT_OTHER) == 0)
         kind[i] = KIND_ALONE if giveup else (KIND_TCP if tcp else KIND_OTHER)
         declared = np.int64(ip_len_field[i]) + (40 if v6 else 0)
         l3o = np.int64(l3_off[i])
@@ -596,7 +647,7 @@ def prepare_compiled(b: PacketBatch, fid: np.ndarray, cfg: GroConfig) -> Prepare
     src = np.ascontiguousarray(b.src).view(np.uint64).reshape(n, 2)
     dst = np.ascontiguousarray(b.dst).view(np.uint64).reshape(n, 2)
     c = np.array([rules.r14_2_kept_flags(cfg), int(cfg.treat_padding_as_flush)], np.int64)
-    _prepare_kernel(b.ip_version, b.l4_proto, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
+    _prepare_kernel(b.ip_version, b.l4_proto, b.l4_off, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
                     b.l3_off, b.ip_evil, b.tcp_hdr_len, b.tcp_flags, b.tcp_win, b.ttl, b.tos, b.df, b.l2_hash, b.vlan,
                     b.if_id, src, dst, b.sport, b.dport, b.flow_label, b.ext_hash, c, kind, flushmark, flagword,
                     l3word, hdr_len, c1, c6, c7)
@@ -650,9 +701,12 @@ class CompiledGroEngine:
         self._keys = np.zeros((64, NKEY), np.uint64)  # exact flow key per gid
         self._khash = np.zeros(64, np.uint64)  # its table digest
         self._tab = np.full(256, -1, np.int64)  # hash table: slot -> gid, at most half full
-        # per flow direction (SYN MSS)
-        self._did_of: dict[tuple[int, ...], int] = {}
+        # per flow direction (SYN MSS): direction key -> did in a compiled open-addressing table
         self._D = np.zeros(16, np.int64)
+        self._DK = np.zeros((16, 5), np.uint64)
+        self._DTAB = np.full(64, -1, np.int64)
+        self._DST = np.zeros(1, np.int64)
+        self._recycle_at = RECYCLE_MIN
         # per NAPI instance
         self._nq = 0
         self._Q = np.zeros((0, NQF), np.int64)
@@ -717,6 +771,13 @@ class CompiledGroEngine:
             return self._ref.held
         return int(self._Q[: self._nq, Q_HELD].sum())
 
+    def held_flow_ids(self) -> np.ndarray:
+        """Flow ids of the entries currently held (their rows are still to come)."""
+        if self._ref is not None:
+            return self._ref.held_flow_ids()
+        S = self._S[: self._ngid]
+        return S[S[:, G_HELD] != 0, E_FID]
+
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
     def _inputs(b: PacketBatch, p: Prepared, fid: np.ndarray) -> tuple:
@@ -751,17 +812,6 @@ class CompiledGroEngine:
             B[: self._B.shape[0]] = self._B
             self._Q, self._B = Q, B
         self._nq = nq
-
-    def _did(self, dk: tuple[int, ...]) -> int:
-        d = self._did_of.get(dk)
-        if d is None:
-            d = len(self._did_of)
-            self._did_of[dk] = d
-            if d >= self._D.shape[0]:
-                D = np.zeros(2 * self._D.shape[0], np.int64)
-                D[: self._D.shape[0]] = self._D
-                self._D = D
-        return d
 
     def _assign_gids(self, b: PacketBatch, prep: Prepared, rx: np.ndarray) -> np.ndarray:
         """Global id per KIND_TCP row (-1 elsewhere), creating per-key state for new keys."""
@@ -810,9 +860,67 @@ class CompiledGroEngine:
         s[:, G_HELD] = 0
         s[:, G_PREV] = -1
         s[:, G_NEXT] = -1
-        did = self._did
-        for j, (kt, v, sp, dp) in enumerate(zip(self._keys[g0: self._ngid].tolist(), v4.tolist(), sport.tolist(),
-                                                 dport.tolist(), strict=True)):
-            # SYN MSS is kept per direction (addresses and ports; not the L2 keys)
-            s[j, G_DID] = did((v, kt[2], kt[3], kt[4], kt[5], sp, dp))
-            s[j, G_RDID] = did((v, kt[4], kt[5], kt[2], kt[3], dp, sp))
+        self._dids(g0, self._ngid)
+
+    def _dids(self, g0: int, g1: int) -> None:
+        """Direction ids (SYN MSS per direction: addresses and ports, not the L2 keys) of gids g0..g1-1."""
+        m = g1 - g0
+        need = int(self._DST[0]) + 2 * m
+        if need > self._DK.shape[0]:
+            cap = max(need, 2 * self._DK.shape[0])
+            DK = np.zeros((cap, 5), np.uint64)
+            DK[: self._DK.shape[0]] = self._DK
+            D = np.zeros(cap, np.int64)
+            D[: self._D.shape[0]] = self._D
+            self._DK, self._D = DK, D
+        if 2 * need > self._DTAB.shape[0]:
+            size = self._DTAB.shape[0]
+            while size < 4 * need:
+                size *= 2
+            self._DTAB = np.full(size, -1, np.int64)
+            _dir_rehash(self._DK, int(self._DST[0]), self._DTAB)
+        _dir_ids(self._S, self._keys, g0, g1, self._DK, self._DTAB, self._DST)
+
+    def recycle(self, flow_in_memory: Callable[[np.ndarray], np.ndarray]) -> int:
+        """Forget the state of flow keys with no held entry whose last flow has ended (``flow_in_memory(flow
+        ids)`` is False), renumbering the others, so state follows the flows alive at once; a returning key
+        starts afresh, as the flow table gives it a new flow. Runs only when the key count has doubled since
+        the last time (amortised O(1) per key). Returns the number of keys forgotten."""
+        if self._ref is not None or self._ngid < self._recycle_at:
+            return 0
+        n = self._ngid
+        S = self._S[:n]
+        keep = (S[:, G_HELD] != 0) | flow_in_memory(S[:, G_FIDL].copy())
+        old = np.nonzero(keep)[0]
+        k = int(old.shape[0])
+        new_of = np.full(n + 1, -1, np.int64)  # new_of[-1] = -1: list ends stay -1
+        new_of[old] = np.arange(k)
+        S2 = np.zeros((max(64, 2 * k), NSF), np.int64)
+        S2[:k] = S[old]
+        for c in (G_PREV, G_NEXT):
+            S2[:k, c] = new_of[S2[:k, c]]
+        for c in (B_HEAD, B_TAIL):
+            self._B[:, :, c] = new_of[self._B[:, :, c]]
+        keys = np.zeros((max(64, 2 * k), NKEY), np.uint64)
+        keys[:k] = self._keys[old]
+        khash = np.zeros(keys.shape[0], np.uint64)
+        khash[:k] = self._khash[old]
+        size = 256
+        while size < 2 * (k + 1):
+            size *= 2
+        self._tab = np.full(size, -1, np.int64)
+        _rehash(self._tab, khash, k)
+        # directions: rebuilt for the kept keys, their SYN MSS carried over
+        D_old = self._D
+        did_old, rdid_old = S2[:k, G_DID].copy(), S2[:k, G_RDID].copy()
+        self._S, self._keys, self._khash, self._ngid = S2, keys, khash, k
+        self._D = np.zeros(16, np.int64)
+        self._DK = np.zeros((16, 5), np.uint64)
+        self._DTAB = np.full(64, -1, np.int64)
+        self._DST[0] = 0
+        if k:
+            self._dids(0, k)
+            self._D[S2[:k, G_DID]] = D_old[did_old]
+            self._D[S2[:k, G_RDID]] = D_old[rdid_old]
+        self._recycle_at = max(RECYCLE_MIN, 2 * k)
+        return n - k

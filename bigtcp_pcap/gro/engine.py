@@ -195,6 +195,15 @@ class GroEngine:
         """Number of super-packets currently held (all queues)."""
         return sum(self._qheld)
 
+    def recycle(self, flow_in_memory) -> int:
+        """The compiled engine forgets keys of ended flows (``CompiledGroEngine.recycle``); the reference keeps
+        every key (it runs on small inputs), which gives the same rows on captures where no flow ends early."""
+        return 0
+
+    def held_flow_ids(self) -> np.ndarray:
+        """Flow ids of the entries currently held (their rows are still to come)."""
+        return np.array([e.fid for e in self._held if e is not None], np.int64)
+
     # --- set-up helpers -----------------------------------------------------------------------------------
     def _take(self) -> SuperPacketBatch:
         rows, self._out = self._out, []

@@ -95,6 +95,13 @@ class AckEvidence:
             return None
         return prev[0], prev[1], acked_ends(prev[0], pb)
 
+    def pending_flow_ids(self) -> np.ndarray | None:
+        """The flow ids of the held batch (its ``extra`` is ``(flow_id, ...)``), or None."""
+        if self._held is None:
+            return None
+        fid = np.asarray(self._held[1][0])
+        return np.unique(fid[fid >= 0])
+
     def finish(self) -> tuple[PacketBatch, Any, np.ndarray] | None:
         """End of input: the held batch, flagged without lookahead."""
         prev, self._held = self._held, None

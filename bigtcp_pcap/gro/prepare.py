@@ -35,6 +35,7 @@ _py = python_twin("bigtcp_pcap.gro.rules")  # the same rule source, as Python (i
 _flushmark, _flag_word, _l3_word = _py.r7_r11_flushmark, _py.r14_2_flag_word, _py.r8_r11_l3_word
 
 NO_GRO_STATUS = ST_NOT_IP | ST_UNKNOWN_LINKTYPE | ST_MALFORMED | ST_IP_FRAGMENT | ST_L4_UNKNOWN | ST_TRUNC_L2 | ST_TRUNC_L3
+FRAGMENT_OTHER = NO_GRO_STATUS & ~ST_IP_FRAGMENT
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -92,6 +93,9 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
     # R5: IPv4 first byte must be 0x45 (no options); R12: the TCP header must be complete in our data;
     # R19: tunnels are out of scope for this model -> treated as give-up (delivered alone).
     giveup = tcp & ((v4 & (b.ip_hdr_len != 20)) | ((status & ST_TRUNC_L4) != 0) | (b.tunnel != 0))
+    # R5/R9: a first fragment whose TCP header the decoder read is delivered alone (a row), held entries untouched
+    giveup |= (v4 | v6) & (b.l4_proto == 6) & (flow_id >= 0) & (b.l4_off >= 0) & ((status & ST_IP_FRAGMENT) != 0) \
+        & ((status & FRAGMENT_OTHER) == 0)
     kind = np.where(tcp & ~giveup, KIND_TCP, np.where(giveup, KIND_ALONE, KIND_OTHER)).astype(np.int8)
 
     # R7/R11 (the length field against the frame's L3 bytes, the evil bit), R14.2 and R8/R11: the same rule

@@ -25,6 +25,7 @@ from ..decode.schema import (
     BIGTCP_NONE,
     BIGTCP_V4_TOTLEN0,
     BIGTCP_V6_PLEN0,
+    TH_ALL,
     TH_CWR,
     TH_FIN,
     TH_PSH,
@@ -39,7 +40,7 @@ M32 = 0xFFFFFFFF
 NO_LIMIT = 1 << 62  # R2 detection off (input_is_gso=False): no payload is "larger than one segment"
 IPV6_MAXPLEN = 65535
 ETH_MIN_FRAME = 60  # R7: frames shorter than this are padded on Ethernet (without FCS)
-FLAG_BITS = 0x1FF  # the TCP flag bits the decoder keeps (tcp_flags), compared by R14.2
+FLAG_BITS = TH_ALL  # the 12-bit TCP flag word the decoder keeps (tcp_flags, reserved bits too), compared by R14.2
 ALONE_FLAGS = TH_URG | TH_PSH | TH_RST | TH_SYN | TH_FIN  # R16/R17: these complete p / keep a packet out
 ORED_FLAGS = TH_PSH | TH_FIN  # R16: ORed into p's header on merge
 MERGE = 0  # merge_verdict: the packet joins p (reasons.py has no code 0)

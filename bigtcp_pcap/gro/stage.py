@@ -56,6 +56,19 @@ class GroStage:
         parts.append(self.engine.flush())
         return SuperPacketBatch.concat(parts)
 
+    def held_flow_ids(self) -> np.ndarray:
+        """Flow ids whose rows are still to come: entries the engine holds, and every flow of the batch the ACK
+        lookahead has not fed yet (the flow table must keep them: it writes a flow only when its rows are out)."""
+        held = self.engine.held_flow_ids()
+        pending = self._evidence.pending_flow_ids() if self._evidence is not None else None
+        if pending is None or not len(pending):
+            return held
+        return np.union1d(held, pending)
+
+    def recycle(self, flow_in_memory) -> int:
+        """The engine forgets the keys of flows that have ended (``CompiledGroEngine.recycle``)."""
+        return self.engine.recycle(flow_in_memory)
+
     def _run(self, ready) -> SuperPacketBatch:
         if ready is None:
             return SuperPacketBatch.empty(0)

@@ -6,12 +6,15 @@ import numpy as np
 import pyarrow as pa
 
 from ..decode.schema import BIGTCP_NAMES
+from ..flows.table import address_strings
 from ..gro.reasons import POLL_END_NAMES
 from . import arrow as A
 from .parquet import BIGTCP_TYPE, TS_TYPE
 
+ADDRESS_TYPE = pa.dictionary(pa.int32(), pa.string())  # one text per distinct address, an index per row
+
 SUPERPACKETS_SCHEMA = pa.schema([
-    ("flow_id", pa.int64()), ("src", pa.string()), ("dst", pa.string()), ("sport", pa.uint16()),
+    ("flow_id", pa.int64()), ("src", ADDRESS_TYPE), ("dst", ADDRESS_TYPE), ("sport", pa.uint16()),
     ("dport", pa.uint16()), ("seq_first", pa.uint32()), ("payload_len", pa.uint32()),
     ("n_segments", pa.uint32()), ("l3_len", pa.uint32()), ("frame_len", pa.uint32()), ("bigtcp", BIGTCP_TYPE),
     ("first_frame", pa.uint64()), ("last_frame", pa.uint64()), ("ts_first_ns", TS_TYPE),
@@ -21,19 +24,33 @@ SUPERPACKETS_SCHEMA = pa.schema([
 SOURCE_NAMES = ("rebuilt", "observed")
 
 
+def _addresses(ver: np.ndarray, words: np.ndarray, known: np.ndarray, inv: np.ndarray) -> pa.Array:
+    """Dictionary column: the distinct addresses of the distinct flows as text, an int32 index per row."""
+    v = np.where(known, ver, 0).astype(np.uint64)
+    order = np.lexsort((words[:, 1], words[:, 0], v))  # exact distinct (version, address): sorted, then runs
+    sv, sw = v[order], words[order]
+    start = np.ones(order.shape[0], bool)
+    start[1:] = (sv[1:] != sv[:-1]) | (sw[1:, 0] != sw[:-1, 0]) | (sw[1:, 1] != sw[:-1, 1])
+    uinv = np.empty(order.shape[0], np.int64)
+    uinv[order] = np.cumsum(start) - 1
+    text = address_strings(sv[start].astype(np.int64), sw[start])
+    idx = uinv[inv].astype(np.int32)
+    return pa.DictionaryArray.from_arrays(A.array(idx, pa.int32(), ~known[inv]), text)
+
+
 def superpackets_columns(spb, flows, receivers: list[str] | None = None) -> dict:
-    """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table,
-    receiver names from ``receivers`` (gro.receivers.Receivers.labels; index = the row's receiver)."""
+    """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table (the rows'
+    flows must still be in memory: the flow table keeps a flow until its GRO rows are out), receiver names from
+    ``receivers`` (gro.receivers.Receivers.labels; index = the row's receiver)."""
     fid = np.asarray(spb.flow_id)
-    # addresses: one string per distinct flow, spread to the rows with a vectorized take
     uniq, inv = np.unique(fid, return_inverse=True)
-    keys = [flows.key(f)[:2] if f >= 0 else (None, None) for f in uniq.tolist()]
-    idx = inv.ravel()
+    inv = inv.ravel()
+    ver, src, dst, known = flows.addresses(uniq)
     names = spb.reason_names
     return {
         "flow_id": fid,
-        "src": A.take_strings([k[0] for k in keys], idx),
-        "dst": A.take_strings([k[1] for k in keys], idx),
+        "src": _addresses(ver, src, known, inv),
+        "dst": _addresses(ver, dst, known, inv),
         "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
         "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
         "bigtcp": A.dictionary(spb.bigtcp, BIGTCP_NAMES),

@@ -37,6 +37,13 @@ def table_digest(path: Path) -> str:
 
     t = pq.read_table(path)
     t = t.replace_schema_metadata(None)
+    if path.name == "superpackets.parquet":  # addresses are dictionary columns: digest their text, as before
+        for name in ("src", "dst"):
+            i = t.schema.get_field_index(name)
+            if pa.types.is_dictionary(t.schema.field(i).type):
+                t = t.set_column(i, name, t.column(i).cast(pa.string()))
+    if path.name == "flows.parquet":  # rows are streamed as flows end: digest them in flow_id order
+        t = t.sort_by("flow_id")
     t = pa.Table.from_arrays(t.columns, schema=pa.schema([f.remove_metadata() for f in t.schema]))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, t.schema) as w:

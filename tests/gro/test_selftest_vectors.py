@@ -14,7 +14,8 @@ super-packet rows only exist for packets with payload, so those entries are left
 The version of gro.c read (mainline, 2026) has the 7.0 CWR rule (CWR compared like the other flags); its
 flags_cwr vector is asserted with ``kernel="7.0"`` and the 6.18 outcome is derived from R14.1. tcp_csum needs
 bad-checksum handling (R12), which the model does not have (``checksum_ok`` must be True): it is an expected
-failure. The BIG TCP variants at the end are what gro.c lacks.
+failure. ip_frag4's fragment is a row because the decoder reads the TCP header of a first fragment (R5: it is
+delivered alone). The BIG TCP variants at the end are what gro.c lacks.
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ for _v6 in (False, True):
         CASES.append(_Case(f"{_name}_{'v6' if _v6 else 'v4'}", _pk + [_fin()], _exp, v4=not _v6, v6=_v6))
 
 
-PENDING = {"ip_frag4": "a first IPv4 fragment is not decoded to TCP, so GRO's R5 row for it is missing"}
+PENDING: dict[str, str] = {}  # case -> why it cannot pass yet (strict xfail)
 
 
 def _ids() -> list:

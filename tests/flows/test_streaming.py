@@ -1,0 +1,113 @@
+"""Flows end on their timeouts and leave memory; the rows are what a run without timeouts gives; addresses are
+written as Python's ipaddress writes them; the GRO engine forgets keys of ended flows without changing a row."""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bigtcp_pcap.api import analyze, iter_batches
+from bigtcp_pcap.flows.table import FlowTable, address_strings
+from bigtcp_pcap.gro import make_engine
+from bigtcp_pcap.gro.superpacket import SuperPacketBatch
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL = ROOT / "tests" / "fixtures" / "kernel"
+
+
+@pytest.fixture(scope="module")
+def many_flows(tmp_path_factory) -> Path:
+    """A small many-flows capture from the generator (about 1100 short connections, 200 open at once)."""
+    out = tmp_path_factory.mktemp("mf") / "mf.pcap"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_field_captures.py"), str(out), "--packets", "20000",
+                    "--alive", "200", "--gap-us", "5000"], check=True, capture_output=True)
+    return out
+
+
+def test_address_text_equals_ipaddress():
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (400, 16), dtype=np.uint8)
+    raw[rng.random((400, 16)) < 0.6] = 0  # runs of zero groups of every length and position
+    raw[0] = 0
+    raw[1, :15] = 0
+    raw[2, 1:] = 0
+    raw[3, 10:12] = 0xFF  # ::ffff:a.b.c.d (IPv4-mapped)
+    ver = np.where(rng.random(400) < 0.3, 4, 6)
+    got = address_strings(ver, raw.view(np.uint64).reshape(400, 2)).to_pylist()
+    want = [str(ipaddress.IPv4Address(bytes(r[:4]))) if v == 4 else str(ipaddress.IPv6Address(bytes(r)))
+            for v, r in zip(ver, raw)]
+    assert got == want
+
+
+def test_ended_flows_are_streamed_with_the_values_of_a_run_without_timeouts(many_flows, tmp_path):
+    # the generator never reuses a 5-tuple, so ending flows early must not change a value, only the memory
+    short = analyze(many_flows, outdir=tmp_path / "a", flow_close_timeout_s=0.05, audit=False)
+    never = analyze(many_flows, outdir=tmp_path / "b", flow_close_timeout_s=1e6, flow_idle_timeout_s=1e6, audit=False)
+    a = short.flows.sort_values("flow_id").reset_index(drop=True)
+    b = never.flows
+    assert len(b) > 2000
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(short.superpackets, never.superpackets)
+    assert short.params["flows"] == {"idle_timeout_s": 120.0, "close_timeout_s": 0.05}
+    # and the memory followed the flows alive at once
+    ft, peak = FlowTable(close_timeout_ns=50_000_000), 0
+    for pb, _ in iter_batches(many_flows, batch_size=2000):
+        ft.assign(pb)
+        ft.expire(int(pb.ts_ns.max()))
+        peak = max(peak, ft.alive)
+    assert len(ft) == len(b) and peak < len(b) / 3
+
+
+def test_a_flow_back_after_its_idle_timeout_is_a_new_row(tmp_path):
+    """Oracle: tshark's conversations (tcp.stream) and timestamps, split where the connection was silent longer
+    than the timeout; each piece gives one row per direction that sent in it."""
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark not installed")
+    cap = KERNEL / "mixed_185000.rcv.pcap"
+    out = subprocess.run(["tshark", "-r", str(cap), "-Y", "tcp", "-T", "fields", "-E", "separator=,", "-e",
+                          "tcp.stream", "-e", "frame.time_epoch", "-e", "ip.src", "-e", "ipv6.src", "-e", "tcp.srcport"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [line.split(",") for line in out.splitlines()]
+    t = pd.DataFrame({"stream": [int(r[0]) for r in rows], "ts": [float(r[1]) for r in rows],
+                      "dir": [(r[2] or r[3]) + ":" + r[4] for r in rows]})
+    gaps = np.sort(np.concatenate([np.diff(g.ts.to_numpy()) for _, g in t.groupby("stream")]))
+    gaps = gaps[gaps > 1e-5]
+    cut = (gaps[len(gaps) // 2] + gaps[len(gaps) // 2 + 1]) / 2  # between two distinct gaps: some splits
+    want = 0
+    for _, g in t.groupby("stream"):
+        piece = np.concatenate([[0], np.cumsum(np.diff(g.ts.to_numpy()) > cut)])
+        want += g.assign(piece=piece).groupby("piece").dir.nunique().sum()
+    a = analyze(cap, outdir=tmp_path, flow_idle_timeout_s=cut, flow_close_timeout_s=1e6, audit=False)
+    base = analyze(cap, outdir=tmp_path / "b", audit=False)
+    assert len(a.flows) == want > len(base.flows)
+    assert a.flows.flow_id.is_unique and a.flows.packets.sum() == base.flows.packets.sum()
+
+
+def test_gro_key_recycling_keeps_every_row(many_flows):
+    """The compiled engine forgetting keys of ended flows gives the same super-packets as keeping them all."""
+    rows, kept = {}, {}
+    for recycle in (False, True):
+        ft = FlowTable(close_timeout_ns=50_000_000)
+        eng = make_engine("compiled")
+        out = []
+        for pb, _ in iter_batches(many_flows, batch_size=2000):
+            fid = ft.assign(pb)
+            out.append(eng.feed(pb, fid))
+            ft.add_superpackets(out[-1].flow_id, out[-1].payload_len)
+            ft.expire(int(pb.ts_ns.max()), eng.held_flow_ids())
+            if recycle:
+                eng._recycle_at = 0  # every batch, not only when the keys doubled
+                eng.recycle(ft.in_memory)
+        out.append(eng.flush())
+        rows[recycle] = SuperPacketBatch.concat(out).to_dict()
+        kept[recycle] = eng._ngid
+    for k in rows[False]:
+        np.testing.assert_array_equal(rows[True][k], rows[False][k], err_msg=k)
+    assert kept[True] < kept[False] / 3
