@@ -39,8 +39,9 @@ def _fail(msg: str, code: int) -> typer.Exit:
 
 @app.command()
 def analyze(
-    capture: Annotated[str | None, typer.Argument(help="pcap/pcapng file (compressed ok), '-' for stdin; "
-                                                     "omitted: the bundled sample")] = None,
+    captures: Annotated[list[str] | None, typer.Argument(
+        help="pcap/pcapng file (compressed ok), '-' for stdin; omitted: the bundled sample. Several files, a "
+        "directory or a glob: one hive-partitioned dataset in OUTDIR", metavar="[CAPTURE]...")] = None,
     outdir: Annotated[Path, typer.Option("-o", "--outdir", help="where the Parquet tables go")] = Path("bigtcp-out"),
     packets: Annotated[bool, typer.Option("--packets", help="also write packets.parquet")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")] = False,
@@ -64,6 +65,10 @@ def analyze(
         "--wireshark-sidecar", help="also write OUTDIR/<capture>.bigtcp.tsv for the Wireshark plugin")] = False,
     sha256: Annotated[bool, typer.Option(
         "--sha256", help="record the capture file's SHA-256 in the tables' metadata (~0.6 s per GiB)")] = False,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="worker processes (captures, and one capture "
+                                      "cut at idle gaps)")] = 1,
+    dask: Annotated[str | None, typer.Option("--dask", help="run the tasks on this dask.distributed scheduler "
+                                             "(or 'local:N' for a LocalCluster of N workers)")] = None,
 ) -> None:
     """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
 
@@ -74,6 +79,7 @@ def analyze(
     from .gro.config import GroConfig
     from .output.summary import progress_bar, render
 
+    capture = captures[0] if captures else None
     if capture is None:
         err.print(f"no capture given: analysing the bundled sample {sample_capture()}", highlight=False)
     try:
@@ -83,6 +89,13 @@ def analyze(
                         rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
     except (ValueError, UsageError) as e:
         raise _fail(str(e), EXIT_USAGE) from None
+    from .many_cli import wants_many
+
+    if captures and wants_many(captures, jobs, dask):  # several captures or --jobs/--dask: bigtcp_pcap/many_cli.py
+        from .many_cli import run as run_many
+
+        raise typer.Exit(run_many(captures, outdir, jobs, dask, as_json, err, packets=packets, gro=cfg,
+                                  filters=filters, audit=not no_audit, sha256=sha256))
     show = not no_progress and sys.stderr.isatty()
     try:
         with progress_bar(show, err) as cb:

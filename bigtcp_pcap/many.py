@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from . import findings as F
 from .split import Part, PartReader, find_parts, idle_gap_ns, part_name, whole
@@ -94,7 +94,7 @@ def run_task(task: dict) -> dict:
             res["largest_superpacket"] = m
     except (CaptureError, UsageError) as e:
         res["error"] = e.one_line() if isinstance(e, CaptureError) else str(e)
-    except Exception as e:  # a bug must not stop the other captures; it is reported with its type
+    except Exception as e:  # noqa: BLE001 - a bug must not stop the other captures; it is reported with its type
         res["error"] = f"{task['path']}: {type(e).__name__}: {e}"
     if task.get("dataset"):
         res["files"] = place(Path(task["dataset"]), task["name"], out, res)
@@ -142,7 +142,7 @@ class _Runner:
             return max(1, sum(self.client.nthreads().values()))
         return self.jobs
 
-    def __enter__(self) -> _Runner:
+    def __enter__(self) -> Self:
         if self.client is not None:
             self.client.run(warm)  # compile/load the kernels once per worker, before the first real task
         elif self.jobs > 1:

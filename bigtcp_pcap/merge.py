@@ -49,14 +49,15 @@ def _shift(t: pa.Table, cols: list[str], by: int) -> pa.Table:
 def _remap(t: pa.Table, col: str, mapping: np.ndarray) -> pa.Table:
     i = t.schema.get_field_index(col)
     null = np.asarray(t.column(col).is_null().to_numpy(zero_copy_only=False), np.bool_)
-    ids = np.asarray(t.column(col).fill_null(-1).to_numpy(), np.int64)
+    ids = _np(t, col, np.int64, -1)
     new = np.where(ids >= 0, mapping[np.clip(ids, 0, None)] if mapping.size else ids, -1).astype(np.int64)
     return t.set_column(i, t.schema.field(col), pa.array(new, pa.int64(), mask=null if null.any() else None))
 
 
-def _np(t: pa.Table, col: str, dtype) -> np.ndarray:
-    """A column as a numpy array of ``dtype`` (an empty table's column has no chunks, hence no dtype)."""
-    return np.asarray(t.column(col).to_numpy(), dtype)
+def _np(t: pa.Table, col: str, dtype, fill: int = 0) -> np.ndarray:
+    """A column as a numpy array of ``dtype``, nulls as ``fill`` (an empty column has no chunks, no dtype)."""
+    c = t.column(col)
+    return np.asarray((c.fill_null(fill) if c.null_count else c).to_numpy(), dtype)
 
 
 def _nearest_rank(values: np.ndarray) -> tuple[Any, Any, Any]:
@@ -173,7 +174,7 @@ def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: 
     compact = np.full(int(res.index.max()) + 1, -1, np.int64)
     compact[multi] = np.arange(multi.size)
     cols = packets_t.select(["frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags"])
-    fid_all = _np(cols, "flow_id", np.int64)
+    fid_all = _np(cols, "flow_id", np.int64, -1)
     sel = np.flatnonzero((fid_all >= 0) & (compact[np.clip(fid_all, 0, None)] >= 0))
     frame = _np(cols, "frame", np.uint64)[sel]
     order = sel[np.argsort(frame, kind="stable")]
@@ -187,7 +188,7 @@ def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: 
     holes = np.zeros((m, MAX_HOLES, 2), np.int64)
     seq_kernel(fid, seq, plen, flags, np.ones(fid.shape[0], np.bool_), inited, max_end, holes, nholes, gap,
                retrans, ooo)
-    sp_fid = _np(sp_t, "flow_id", np.int64)
+    sp_fid = _np(sp_t, "flow_id", np.int64, -1)
     sp_len = _np(sp_t, "payload_len", np.int64)
     for j, g in enumerate(multi.tolist()):
         mine = fid == j

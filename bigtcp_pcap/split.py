@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .capture.reader import PCAP_MAGICS, CaptureReader
+from .errors import CaptureError
 
 DEFAULT_ACK_DELAY_NS = 200_000_000
 
@@ -81,7 +82,7 @@ def find_parts(path: str | os.PathLike, parts: int, min_gap_ns: int) -> list[Par
         for rb in CaptureReader(path):
             ts.append(rb.ts_ns.copy())
             offs.append(rb.file_off.copy())
-    except Exception:  # a damaged capture runs whole: its error is reported by the analysis itself
+    except CaptureError:  # a damaged capture runs whole: its error is reported by the analysis itself
         return whole
     if not ts:
         return whole
