@@ -178,22 +178,29 @@ def _split_tasks(path: str, name: str, work: Path, nparts: int, kw: dict) -> tup
     parts = find_parts(path, nparts, gap)
     if len(parts) < 2:
         return parts, []
-    pkw = dict(kw, packets=True, wireshark_sidecar=False)
+    pkw = dict(kw, wireshark_sidecar=False)
     return parts, [{"path": path, "name": name, "part": p, "outdir": str(work / part_name(p)), "kw": pkw}
                    for p in parts]
 
 
-def _finish_split(path: str, name: str, parts: list[Part], results: list[dict], out: Path, kw: dict,
-                  runner: _Runner) -> dict:
+def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], results: list[dict], out: Path,
+                  kw: dict, runner: _Runner) -> dict:
     """Merge a split capture's parts into ``out``; a serial run instead if a part could not be merged exactly."""
-    from .merge import merge_parts
+    from .merge import NeedPackets, merge_parts
 
     ok = all(r["summary"] is not None and r["error"] is None for r in results) and \
         len({tuple(r["summary"]["filter_audit"]["audited"]) for r in results}) == 1
     if not ok:  # a damaged part or parts that audited different default filters: the serial run decides
         return run_task({"path": path, "name": name, "part": None, "outdir": str(out), "kw": kw})
-    summary = merge_parts(parts, [Path(r["outdir"]) for r in results], [r["summary"] for r in results], out,
-                          packets=kw.get("packets", False))
+    def merged(results: list[dict]) -> dict:
+        return merge_parts(parts, [Path(r["outdir"]) for r in results], [r["summary"] for r in results], out,
+                           packets=kw.get("packets", False))
+
+    try:
+        summary = merged(results)
+    except NeedPackets:  # a flow crosses a cut: once more with the parts' packets (its rows are recomputed)
+        results = runner.map([dict(t, kw=dict(t["kw"], packets=True)) for t in tasks])
+        summary = merged(results)
     summary["capture"]["duration_s"] = round((parts[-1].ts_last_ns - parts[0].ts_first_ns) / 1e9, 6)
     for r in results:
         shutil.rmtree(r["outdir"], ignore_errors=True)
@@ -222,7 +229,7 @@ def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: i
                                  dict(kw, ack_delay_ns=ack_delay_ns))
         if not tasks:
             return analyze(path, outdir=out, **kw)
-        res = _finish_split(path, Path(path).name, ps, runner.map(tasks), out, kw, runner)
+        res = _finish_split(path, Path(path).name, ps, tasks, runner.map(tasks), out, kw, runner)
     shutil.rmtree(out / "_parts", ignore_errors=True)
     if res["error"] is not None or res["summary"] is None:
         return analyze(path, outdir=out, **kw)
@@ -329,7 +336,7 @@ def analyze_many(paths: Iterable[str | os.PathLike], outdir: str | os.PathLike, 
                 results[t["_i"]] = r
         for i, (ps, a, k) in splits.items():
             tmp = work / f"{names[i]}-merged"
-            r = _finish_split(files[i], names[i], ps, done[a:a + k], tmp, kw, runner)
+            r = _finish_split(files[i], names[i], ps, tasks[a:a + k], done[a:a + k], tmp, kw, runner)
             r["files"] = place(out, names[i], tmp, r)
             shutil.rmtree(tmp, ignore_errors=True)
             results[i] = r

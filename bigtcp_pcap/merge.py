@@ -33,6 +33,10 @@ SUMS = ["packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "superpacket
 SUSPECT = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
 
 
+class NeedPackets(Exception):
+    """The parts were analysed without their packets tables, and a flow spans a cut (see ``merge_parts``)."""
+
+
 def _read(d: Path, table: str) -> pa.Table | None:
     p = d / f"{table}.parquet"
     return pq.read_table(p) if p.exists() else None
@@ -75,7 +79,11 @@ def _write(t: pa.Table, path: Path, meta: dict) -> None:
 
 def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out: Path, *,
                 packets: bool) -> dict:
-    """Write the merged tables of ``parts`` (analysed into ``dirs``, with packets) to ``out``; the summary."""
+    """Write the merged tables of ``parts`` (analysed into ``dirs``) to ``out``; returns the merged summary.
+
+    The parts' packets tables are read only when ``packets`` (the merged packets table is wanted) or when a
+    flow spans a cut (its history-dependent columns are recomputed from its packets); raises ``NeedPackets``
+    when that is so and the parts have none."""
     out.mkdir(parents=True, exist_ok=True)
     offs = [p.first_record for p in parts]
     flows_k = [_read(d, "flows").to_pandas() for d in dirs]
@@ -88,10 +96,17 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
         m[rows["flow_id"].to_numpy()] = rows["_gid"].to_numpy()
         maps.append(m)
 
-    pk = [_remap(_shift(_read(d, "packets"), ["frame"], o), "flow_id", m) for d, o, m in zip(dirs, offs, maps)]
+    spanning = bool(len(allf)) and int(allf.groupby("_gid").size().max()) > 1
+    packets_t = None
+    if packets or spanning:
+        if not all((d / "packets.parquet").exists() for d in dirs):
+            raise NeedPackets("flows cross the cuts: the parts must be analysed with their packets")
+        cols = None if packets else ["frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags"]
+        pk = [_remap(_shift(pq.read_table(d / "packets.parquet", columns=cols), ["frame"], o), "flow_id", m)
+              for d, o, m in zip(dirs, offs, maps)]
+        packets_t = pa.concat_tables(pk)
     sp = [_remap(_shift(_read(d, "superpackets"), ["first_frame", "last_frame"], o), "flow_id", m)
           for d, o, m in zip(dirs, offs, maps)]
-    packets_t = pa.concat_tables(pk)
     sp_t = pa.concat_tables(sp)
 
     flows = _reduce_flows(allf, offs, packets_t, sp_t)
@@ -139,7 +154,7 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
     return _merge_summary(summaries, flows, suspect, parts)
 
 
-def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table, sp_t: pa.Table) -> pd.DataFrame:
+def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | None, sp_t: pa.Table) -> pd.DataFrame:
     allf = allf.copy()
     allf["first_frame"] = allf["first_frame"].astype(np.int64) + np.asarray(offs, np.int64)[allf["_part"]]
     g = allf.groupby("_gid", sort=True)

@@ -162,3 +162,13 @@ def test_cli_directory_and_json(tmp_path):
     assert doc["totals"]["flows"] == len(pd.read_parquet(tmp_path / "ds" / "flows"))
     res = CliRunner().invoke(app, ["analyze", str(src / "*.pcap"), "-o", str(tmp_path / "ds2"), "--json"])
     assert json.loads(res.stdout)["totals"] == doc["totals"]
+
+
+def test_split_without_packets_reruns_parts_when_flows_cross_cuts(tmp_path):
+    """Parts run without their packets tables first; a flow across a cut makes them run again with them."""
+    cap = KERNEL / "traced" / "v6_185000.snd.pcap"
+    serial = analyze(cap, outdir=tmp_path / "serial")
+    split = analyze_split(cap, tmp_path / "split", jobs=1, parts=4, ack_delay_ns=1_000_000)
+    assert split.params["parts"] >= 2
+    assert not (split.outdir / "packets.parquet").exists()
+    assert_same_tables(serial.outdir, split.outdir)
