@@ -173,12 +173,15 @@ class _Runner:
 
 
 def _split_tasks(path: str, name: str, work: Path, nparts: int, kw: dict) -> tuple[list[Part], list[dict]]:
+    part_packets = kw.pop("part_packets", True)
     gro = kw.get("gro")
     gap = idle_gap_ns(gro.poll_gap_us, gro.gro_flush_timeout_ns, kw.pop("ack_delay_ns", None) or 200_000_000)
     parts = find_parts(path, nparts, gap)
     if len(parts) < 2:
         return parts, []
-    pkw = dict(kw, wireshark_sidecar=False)
+    # with their packets tables by default: a long flow across a pause is the common case, and without them the
+    # merge must run the parts again (NeedPackets)
+    pkw = dict(kw, wireshark_sidecar=False, packets=kw.get("packets", False) or part_packets)
     return parts, [{"path": path, "name": name, "part": p, "outdir": str(work / part_name(p)), "kw": pkw}
                    for p in parts]
 
@@ -213,9 +216,12 @@ def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], re
 
 
 def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: int = 2, client: Any = None,
-                  parts: int | None = None, ack_delay_ns: int | None = None, **kw: Any):
+                  parts: int | None = None, ack_delay_ns: int | None = None, part_packets: bool = True,
+                  **kw: Any):
     """``analyze(path, outdir=..., **kw)`` with the capture cut at idle gaps into ``parts`` (default: the
     number of workers) and the parts analysed in parallel; the tables equal the serial run's (``merge.py``).
+    ``ack_delay_ns``: the longest ACK delay accepted as poll evidence (default 200 ms; ``split.py``).
+    ``part_packets=False``: parts skip their packets tables unless a flow crosses a cut (then they run again).
     Returns an ``Analysis``."""
     from .api import Analysis, analyze
     from .capture.reader import CaptureInfo
@@ -226,7 +232,7 @@ def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: i
     path = str(path)
     with _Runner(jobs, client) as runner:
         ps, tasks = _split_tasks(path, Path(path).name, out / "_parts", parts or runner.workers,
-                                 dict(kw, ack_delay_ns=ack_delay_ns))
+                                 dict(kw, ack_delay_ns=ack_delay_ns, part_packets=part_packets))
         if not tasks:
             return analyze(path, outdir=out, **kw)
         res = _finish_split(path, Path(path).name, ps, tasks, runner.map(tasks), out, kw, runner)

@@ -166,7 +166,7 @@ def test_cli_directory_and_json(tmp_path):
 
 def test_split_without_packets_reruns_parts_when_flows_cross_cuts(tmp_path, monkeypatch):
     """Parts run without their packets tables first; a flow across a cut makes them run again with them."""
-    import bigtcp_pcap.merge as merge
+    from bigtcp_pcap import merge
 
     raised = []
     real = merge.merge_parts
@@ -181,7 +181,7 @@ def test_split_without_packets_reruns_parts_when_flows_cross_cuts(tmp_path, monk
     monkeypatch.setattr(merge, "merge_parts", counting)
     cap = KERNEL / "traced" / "v4_65536.snd.pcap"
     serial = analyze(cap, outdir=tmp_path / "serial")
-    split = analyze_split(cap, tmp_path / "split", jobs=1, parts=4, ack_delay_ns=1_000_000)
+    split = analyze_split(cap, tmp_path / "split", jobs=1, parts=4, ack_delay_ns=1_000_000, part_packets=False)
     assert split.params["parts"] >= 2 and raised == [True]
     assert not (split.outdir / "packets.parquet").exists()
     assert_same_tables(serial.outdir, split.outdir)
