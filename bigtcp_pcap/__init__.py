@@ -7,8 +7,8 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Analysis", "CaptureError", "EgressProfile", "__version__", "analyze", "analyze_many", "egress", "explode", "iter_batches",
-           "sample_capture"]
+__all__ = ["Analysis", "CaptureError", "EgressProfile", "__version__", "analyze", "analyze_many", "egress", "explode",
+           "iter_batches", "sample_capture"]
 
 
 def __getattr__(name: str):

@@ -20,7 +20,8 @@ def wants_many(captures: list[str], jobs: int, dask: str | None) -> bool:
     """True when ``analyze`` must take the multi-capture path."""
     from .many import expand_paths
 
-    return len(captures) > 1 or jobs > 1 or dask is not None or len(expand_paths(captures)) != 1 \
+    glob = any(c != "-" and any(x in c for x in "*?[") and not Path(c).exists() for c in captures)
+    return len(captures) > 1 or jobs > 1 or dask is not None or glob or len(expand_paths(captures)) != 1 \
         or any(Path(c).is_dir() for c in captures)
 
 
@@ -47,7 +48,7 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
         return 2
     client = _client(dask) if dask else None
     try:
-        single = len(files) == 1 and not Path(captures[0]).is_dir() and len(captures) == 1
+        single = len(files) == 1 and len(captures) == 1 and Path(captures[0]).is_file()
         if single:
             from .output.summary import render
 
