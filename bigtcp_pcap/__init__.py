@@ -7,8 +7,8 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Analysis", "CaptureError", "EgressProfile", "__version__", "analyze", "egress", "explode", "iter_batches",
-           "sample_capture"]
+__all__ = ["Analysis", "CaptureError", "EgressProfile", "__version__", "analyze", "analyze_many", "egress", "explode",
+           "iter_batches", "sample_capture"]
 
 
 def __getattr__(name: str):
@@ -17,6 +17,10 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in ("analyze_many", "ManyAnalysis"):  # many captures, more cores, Dask (bigtcp_pcap/many.py)
+        from . import many
+
+        return getattr(many, name)
     if name in ("egress", "explode", "EgressProfile"):  # the transmit side (bigtcp_pcap/gso)
         from .gso import api
 

@@ -93,8 +93,9 @@ def _error_line(e: BigtcpError, outdir: Path) -> str:
 
 @app.command()
 def analyze(
-    capture: Annotated[str | None, typer.Argument(help="pcap/pcapng file (compressed ok), '-' for stdin; "
-                                                     "omitted: the bundled sample")] = None,
+    captures: Annotated[list[str] | None, typer.Argument(
+        help="pcap/pcapng file (compressed ok), '-' for stdin; omitted: the bundled sample. Several files, a "
+        "directory or a glob: one hive-partitioned dataset in OUTDIR", metavar="[CAPTURE]...")] = None,
     outdir: Annotated[Path, typer.Option("-o", "--outdir", help="where the Parquet tables go")] = Path("bigtcp-out"),
     packets: Annotated[bool, typer.Option("--packets", help="also write packets.parquet")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")] = False,
@@ -123,6 +124,10 @@ def analyze(
         "--flow-idle-timeout", help="seconds a connection may be silent before its flows end (new rows after)")] = 120.0,
     flow_close_timeout: Annotated[float, typer.Option(
         "--flow-close-timeout", help="seconds after RST (or FIN both ways) and silence before the flows end")] = 5.0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="worker processes (captures, and one capture "
+                                      "cut at idle gaps)")] = 1,
+    dask: Annotated[str | None, typer.Option("--dask", help="run the tasks on this dask.distributed scheduler "
+                                             "(or 'local:N' for a LocalCluster of N workers)")] = None,
 ) -> None:
     """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
 
@@ -133,6 +138,7 @@ def analyze(
     from .gro.config import GroConfig
     from .output.summary import progress_bar, render
 
+    capture = captures[0] if captures else None
     if capture is None:
         err.print(f"no capture given: analysing the bundled sample {sample_capture()}", highlight=False)
     show = not no_progress and sys.stderr.isatty()
@@ -147,6 +153,13 @@ def analyze(
                                  f"{flow_idle_timeout} and {flow_close_timeout}")
         except ValueError as e:
             raise UsageError(str(e)) from None
+        from .many_cli import wants_many
+
+        if captures and wants_many(captures, jobs, dask):  # several captures or --jobs/--dask: many_cli.py
+            from .many_cli import run as run_many
+
+            raise typer.Exit(run_many(captures, outdir, jobs, dask, as_json, err, packets=packets, gro=cfg,
+                                      filters=filters, audit=not no_audit, sha256=sha256))
         with _stop_on_signals() as (check, signals), progress_bar(show, err) as cb:
             def on_batch(done: int, total: int | None) -> None:
                 check(done, total)

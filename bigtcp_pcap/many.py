@@ -1,0 +1,350 @@
+"""Many captures as one dataset, and one capture over several processes or a Dask cluster.
+
+``analyze_many(paths, outdir)`` writes ``OUTDIR/<table>/capture=<name>/part-0.parquet`` for every table: a
+hive-partitioned Parquet dataset that pandas, pyarrow.dataset, DuckDB and Dask read as one table with a
+``capture`` column. The unit of work is a task: one capture, or one part of a capture cut at an idle gap
+(``split.py``; merged exactly by ``merge.py``). Tasks run in this process (``jobs=1``), in ``jobs`` worker
+processes, or on a ``dask.distributed`` cluster (``client=``). A task writes its own files under deterministic
+names (a retried task overwrites them) and returns only paths and its summary. A capture that fails is
+reported and marked in its partition (a ``capture_partial`` error row in ``findings``); the others finish.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from . import findings as F
+from .split import Part, PartReader, find_parts, idle_gap_ns, part_name, whole
+
+TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar", ".gz", ".bz2", ".xz", ".zst")
+
+
+def expand_paths(args: Iterable[str | os.PathLike]) -> list[str]:
+    """Capture paths from arguments that are files, directories (their capture files) or globs."""
+    out: list[str] = []
+    for a in args:
+        s = str(a)
+        if os.path.isdir(s):
+            out += sorted(str(p) for p in Path(s).iterdir() if p.is_file() and not p.name.startswith(".")
+                          and p.name.lower().endswith(CAPTURE_SUFFIXES))
+        elif any(c in s for c in "*?[") and not os.path.exists(s):
+            out += sorted(glob.glob(s))
+        else:
+            out.append(s)
+    return out
+
+
+def partition_names(paths: list[str]) -> list[str]:
+    """The ``capture=`` value of each path: its file name made path-safe, unique within the run."""
+    seen: dict[str, int] = {}
+    names = []
+    for p in paths:
+        n = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(p.rstrip("/"))) or "capture"
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        names.append(n if k == 0 else f"{n}-{k + 1}")
+    return names
+
+
+def warm() -> str:
+    """Load (or JIT-compile) the kernels in this process by analysing the bundled sample; the kernel mode."""
+    from . import _native
+    from .api import analyze
+
+    with tempfile.TemporaryDirectory(prefix="bigtcp-warm-") as d:
+        analyze(None, outdir=d)
+    return _native.MODE
+
+
+def run_task(task: dict) -> dict:
+    """One unit of work: analyse a capture or a part into ``task['outdir']``; returns paths and the summary.
+
+    With ``task['dataset']`` (a whole capture of a dataset run) the tables are then moved to their partition
+    ``DATASET/<table>/capture=<name>/part-0.parquet``. Never raises for a bad capture: ``error`` says it.
+    """
+    from .api import analyze
+    from .errors import CaptureError, UsageError
+
+    part: Part | None = task.get("part")
+    out = Path(task["outdir"])
+    src: Any = task["path"] if part is None or part.records < 0 else PartReader(part)
+    res: dict[str, Any] = {"name": task["name"], "path": task["path"], "outdir": str(out), "error": None,
+                           "partial": False, "summary": None, "files": [], "largest_superpacket": None}
+    try:
+        a = analyze(src, outdir=out, name=task["path"], **task["kw"])
+        res["summary"] = a.summary
+        res["partial"] = a.error is not None
+        res["error"] = a.error.one_line() if a.error else None
+        flows = out / "flows.parquet"
+        if flows.exists():
+            import pyarrow.compute as pc
+            import pyarrow.parquet as pq
+
+            m = pc.max(pq.read_table(flows, columns=["max_superpacket_len"]).column(0)).as_py()
+            res["largest_superpacket"] = m
+    except (CaptureError, UsageError) as e:
+        res["error"] = e.one_line() if isinstance(e, CaptureError) else str(e)
+    except Exception as e:  # noqa: BLE001 - a bug must not stop the other captures; it is reported with its type
+        res["error"] = f"{task['path']}: {type(e).__name__}: {e}"
+    if task.get("dataset"):
+        res["files"] = place(Path(task["dataset"]), task["name"], out, res)
+        shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def place(dataset: Path, name: str, src: Path, res: dict) -> list[str]:
+    """Move a capture's tables into their partitions (replacing an earlier run's); mark a failed capture."""
+    files = []
+    for t in TABLES:
+        d = dataset / t / f"capture={name}"
+        shutil.rmtree(d, ignore_errors=True)
+        f = src / f"{t}.parquet"
+        if f.exists():
+            d.mkdir(parents=True, exist_ok=True)
+            os.replace(f, d / "part-0.parquet")
+            files.append(str(d / "part-0.parquet"))
+    if res["summary"] is None:  # could not be analysed at all: one error row says so in the dataset
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from .output.parquet import FINDINGS_SCHEMA
+
+        d = dataset / "findings" / f"capture={name}"
+        d.mkdir(parents=True, exist_ok=True)
+        code = F.BY_ID[F.CAPTURE_PARTIAL]
+        pq.write_table(pa.table({"frame": [0], "code": [code.code], "severity": [F.ERROR],
+                                 "message": [res["error"]]}, schema=FINDINGS_SCHEMA), d / "part-0.parquet")
+        files.append(str(d / "part-0.parquet"))
+    return files
+
+
+class _Runner:
+    """Runs tasks in this process, in worker processes, or on a Dask client; results in task order."""
+
+    def __init__(self, jobs: int = 1, client: Any = None) -> None:
+        self.jobs = max(1, jobs)
+        self.client = client
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def workers(self) -> int:
+        if self.client is not None:
+            return max(1, sum(self.client.nthreads().values()))
+        return self.jobs
+
+    def __enter__(self) -> Self:
+        if self.client is not None:
+            self.client.run(warm)  # compile/load the kernels once per worker, before the first real task
+        elif self.jobs > 1:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["bigtcp_pcap.api", "bigtcp_pcap.many"])
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def map(self, tasks: list[dict]) -> list[dict]:
+        if not tasks:
+            return []
+        if self.client is not None:
+            import hashlib
+
+            keys = ["bigtcp-" + hashlib.sha1(repr((t["path"], t["outdir"], t.get("part"))).encode()).hexdigest()
+                    for t in tasks]
+            futs = self.client.map(run_task, tasks, key=keys, pure=False, retries=1)
+            return self.client.gather(futs)
+        if self._pool is not None:
+            return list(self._pool.map(run_task, tasks))
+        return [run_task(t) for t in tasks]
+
+
+def _split_tasks(path: str, name: str, work: Path, nparts: int, kw: dict) -> tuple[list[Part], list[dict]]:
+    part_packets = kw.pop("part_packets", True)
+    gro = kw.get("gro")
+    gap = idle_gap_ns(gro.poll_gap_us, gro.gro_flush_timeout_ns, kw.pop("ack_delay_ns", None) or 200_000_000)
+    parts = find_parts(path, nparts, gap)
+    if len(parts) < 2:
+        return parts, []
+    # with their packets tables by default: a long flow across a pause is the common case, and without them the
+    # merge must run the parts again (NeedPackets)
+    pkw = dict(kw, wireshark_sidecar=False, packets=kw.get("packets", False) or part_packets)
+    return parts, [{"path": path, "name": name, "part": p, "outdir": str(work / part_name(p)), "kw": pkw}
+                   for p in parts]
+
+
+def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], results: list[dict], out: Path,
+                  kw: dict, runner: _Runner) -> dict:
+    """Merge a split capture's parts into ``out``; a serial run instead if a part could not be merged exactly."""
+    from .merge import NeedPackets, merge_parts
+
+    ok = all(r["summary"] is not None and r["error"] is None for r in results) and \
+        len({tuple(r["summary"]["filter_audit"]["audited"]) for r in results}) == 1
+    if not ok:  # a damaged part or parts that audited different default filters: the serial run decides
+        return run_task({"path": path, "name": name, "part": None, "outdir": str(out), "kw": kw})
+    def merged(results: list[dict]) -> dict:
+        return merge_parts(parts, [Path(r["outdir"]) for r in results], [r["summary"] for r in results], out,
+                           packets=kw.get("packets", False))
+
+    try:
+        summary = merged(results)
+    except NeedPackets:  # a flow crosses a cut: once more with the parts' packets (its rows are recomputed)
+        results = runner.map([dict(t, kw=dict(t["kw"], packets=True)) for t in tasks])
+        summary = merged(results)
+    summary["capture"]["duration_s"] = round((parts[-1].ts_last_ns - parts[0].ts_first_ns) / 1e9, 6)
+    for r in results:
+        shutil.rmtree(r["outdir"], ignore_errors=True)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    big = pc.max(pq.read_table(out / "flows.parquet", columns=["max_superpacket_len"]).column(0)).as_py()
+    return {"name": name, "path": path, "outdir": str(out), "error": None, "partial": False, "summary": summary,
+            "files": [], "largest_superpacket": big}
+
+
+def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: int = 2, client: Any = None,
+                  parts: int | None = None, ack_delay_ns: int | None = None, part_packets: bool = True,
+                  **kw: Any):
+    """``analyze(path, outdir=..., **kw)`` with the capture cut at idle gaps into ``parts`` (default: the
+    number of workers) and the parts analysed in parallel; the tables equal the serial run's (``merge.py``).
+    ``ack_delay_ns``: the longest ACK delay accepted as poll evidence (default 200 ms; ``split.py``).
+    ``part_packets=False``: parts skip their packets tables unless a flow crosses a cut (then they run again).
+    Returns an ``Analysis``."""
+    from .api import Analysis, analyze
+    from .capture.reader import CaptureInfo
+    from .gro.config import GroConfig
+
+    kw = _gro_kw(kw)
+    out = Path(outdir)
+    path = str(path)
+    with _Runner(jobs, client) as runner:
+        ps, tasks = _split_tasks(path, Path(path).name, out / "_parts", parts or runner.workers,
+                                 dict(kw, ack_delay_ns=ack_delay_ns, part_packets=part_packets))
+        if not tasks:
+            return analyze(path, outdir=out, **kw)
+        res = _finish_split(path, Path(path).name, ps, tasks, runner.map(tasks), out, kw, runner)
+    shutil.rmtree(out / "_parts", ignore_errors=True)
+    if res["error"] is not None or res["summary"] is None:
+        return analyze(path, outdir=out, **kw)
+    s = res["summary"]
+    info = CaptureInfo(name=path, size=s["capture"]["size"], format="pcap", packets=s["capture"]["packets"],
+                       first_ts_ns=ps[0].ts_first_ns, last_ts_ns=ps[-1].ts_last_ns)
+    gro = kw.get("gro") or GroConfig()
+    params = {"gro": gro.to_metadata(), "parts": len(ps)}
+    return Analysis(outdir=out, info=info, params=params, summary=s, error=None)
+
+
+def _gro_kw(kw: dict) -> dict:
+    """``gro=`` or GRO keywords -> a ``gro=GroConfig`` entry (tasks carry one picklable config)."""
+    from .gro.config import GroConfig
+
+    names = set(GroConfig.__dataclass_fields__)
+    gro_params = {k: kw.pop(k) for k in list(kw) if k in names}
+    if kw.get("gro") is not None and gro_params:
+        raise TypeError("give gro= or GRO keywords, not both")
+    if kw.get("gro") is None:
+        kw["gro"] = GroConfig(**gro_params)
+    return kw
+
+
+@dataclass
+class ManyAnalysis:
+    """What ``analyze_many`` produced: the dataset directory and one result per capture."""
+
+    outdir: Path
+    captures: list[dict] = field(default_factory=list)
+
+    def table(self, name: str):
+        """One table of every capture as a pandas DataFrame (with a ``capture`` column)."""
+        import pandas as pd
+
+        return pd.read_parquet(self.outdir / name)
+
+    @property
+    def failed(self) -> list[dict]:
+        """The captures that could not be analysed, or only partly."""
+        return [c for c in self.captures if c["error"] is not None]
+
+    @property
+    def summary(self) -> dict:
+        """One line per capture and the totals (what ``analyze --json`` prints for several captures)."""
+        lines = [capture_line(c) for c in self.captures]
+        tot: dict[str, Any] = {"captures": len(lines), "failed": sum(1 for c in lines if c["error"])}
+        for k in ("packets", "bigtcp_packets", "flows", "findings", "filter_misses"):
+            tot[k] = sum(c[k] or 0 for c in lines)
+        tot["bigtcp_share"] = round(tot["bigtcp_packets"] / tot["packets"], 6) if tot["packets"] else 0.0
+        sizes = [c["largest_superpacket"] for c in lines if c["largest_superpacket"] is not None]
+        tot["largest_superpacket"] = max(sizes) if sizes else None
+        return {"dataset": str(self.outdir), "captures": lines, "totals": tot}
+
+
+def capture_line(c: dict) -> dict:
+    """The summary line of one capture of a dataset run."""
+    s = c["summary"]
+    if s is None:
+        return {"capture": c["name"], "path": c["path"], "packets": None, "bigtcp_packets": None,
+                "bigtcp_share": None, "flows": None, "largest_superpacket": None, "findings": None,
+                "filter_misses": None, "error": c["error"], "partial": True}
+    pk = s["capture"]["packets"]
+    big = sum(s["bigtcp"].values())
+    return {"capture": c["name"], "path": c["path"], "packets": pk, "bigtcp_packets": big,
+            "bigtcp_share": round(big / pk, 6) if pk else 0.0, "flows": s["flows"],
+            "largest_superpacket": c["largest_superpacket"], "findings": sum(s["findings"].values()),
+            "filter_misses": sum(r.get("missed", 0) for r in s["filter_audit"]["results"]),
+            "error": c["error"], "partial": c["partial"]}
+
+
+def analyze_many(paths: Iterable[str | os.PathLike], outdir: str | os.PathLike, *, jobs: int = 1,
+                 client: Any = None, split: bool | None = None, ack_delay_ns: int | None = None,
+                 **kw: Any) -> ManyAnalysis:
+    """Analyse many captures into one hive-partitioned dataset ``OUTDIR/<table>/capture=<name>/``.
+
+    ``paths``: files, directories or globs (``expand_paths``). ``jobs``: worker processes; ``client``: a
+    ``dask.distributed.Client`` (tasks on its cluster; workers need the package and the paths). ``split``:
+    also cut captures at idle gaps into parts (default: when there are fewer captures than workers).
+    ``**kw``: the keywords of ``analyze`` (``packets=``, ``gro=`` or GRO keywords, ``filters=`` ...).
+    """
+    kw = _gro_kw(dict(kw))
+    files = expand_paths(paths)
+    names = partition_names(files)
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "_work"
+    results: list[dict | None] = [None] * len(files)
+    with _Runner(jobs, client) as runner:
+        do_split = split if split is not None else len(files) < runner.workers
+        tasks, splits = [], {}
+        for i, (p, n) in enumerate(zip(files, names)):
+            ps, st = _split_tasks(p, n, work / n, runner.workers, dict(kw, ack_delay_ns=ack_delay_ns)) \
+                if do_split and os.path.isfile(p) else ([whole(p)] if os.path.exists(p) else [], [])
+            if st:
+                splits[i] = (ps, len(tasks), len(st))
+                tasks += st
+            else:
+                tasks.append({"path": p, "name": n, "part": None, "outdir": str(work / n), "kw": kw,
+                              "dataset": str(out), "_i": i})
+        done = runner.map(tasks)
+        for t, r in zip(tasks, done):
+            if "_i" in t:
+                results[t["_i"]] = r
+        for i, (ps, a, k) in splits.items():
+            tmp = work / f"{names[i]}-merged"
+            r = _finish_split(files[i], names[i], ps, tasks[a:a + k], done[a:a + k], tmp, kw, runner)
+            r["files"] = place(out, names[i], tmp, r)
+            shutil.rmtree(tmp, ignore_errors=True)
+            results[i] = r
+    shutil.rmtree(work, ignore_errors=True)
+    return ManyAnalysis(outdir=out, captures=[r for r in results if r is not None])

@@ -1,0 +1,104 @@
+"""``bigtcp-pcap analyze`` with several captures, a directory, a glob, ``--jobs N`` or ``--dask ADDRESS``.
+
+Several captures -> a hive-partitioned dataset in OUTDIR (``many.analyze_many``); one capture with ``--jobs``
+or ``--dask`` -> the ordinary tables, the capture cut at idle gaps and analysed in parallel
+(``many.analyze_split``; the rows equal the serial run's).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def wants_many(captures: list[str], jobs: int, dask: str | None) -> bool:
+    """True when ``analyze`` must take the multi-capture path."""
+    from .many import expand_paths
+
+    glob = any(c != "-" and any(x in c for x in "*?[") and not Path(c).exists() for c in captures)
+    return len(captures) > 1 or jobs > 1 or dask is not None or glob or len(expand_paths(captures)) != 1 \
+        or any(Path(c).is_dir() for c in captures)
+
+
+def _client(address: str):
+    from .extras import dask_distributed
+
+    dd = dask_distributed()
+    if address.startswith("local"):  # "local" or "local:N": a LocalCluster of N one-thread workers here
+        n = int(address.split(":", 1)[1]) if ":" in address else 2
+        return dd.Client(dd.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                         dashboard_address=None))
+    return dd.Client(address)
+
+
+def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json: bool, err: Console,
+        **kw: Any) -> int:
+    """Run the multi-capture or parallel form; print the summary; the exit code (0, 1 findings, 3 failed)."""
+    from .findings import BY_CODE, NOTE
+    from .many import analyze_many, analyze_split, expand_paths
+
+    files = expand_paths(captures)
+    if not files:
+        err.print(f"bigtcp-pcap: no capture files in {' '.join(captures)}", highlight=False)
+        return 2
+    client = _client(dask) if dask else None
+    try:
+        single = len(files) == 1 and len(captures) == 1 and Path(captures[0]).is_file()
+        if single:
+            from .output.summary import render
+
+            a = analyze_split(files[0], outdir, jobs=jobs, client=client, **kw)
+            if as_json:
+                typer.echo(json.dumps(a.summary, default=str))
+            else:
+                out = Console()
+                render(a.summary, out if out.is_terminal else Console(width=160))
+                err.print(f"tables written to {outdir}/ ({a.params.get('parts', 1)} part(s))", highlight=False)
+            if a.error is not None:
+                err.print(f"bigtcp-pcap: {a.error.one_line()} (tables written, marked partial)", highlight=False)
+                return 3
+            bad = any(BY_CODE[c].severity != NOTE for c in a.summary["findings"] if c in BY_CODE)
+            return 1 if bad else 0
+        m = analyze_many(files, outdir, jobs=jobs, client=client, **kw)
+    finally:
+        if client is not None:
+            cluster = getattr(client, "cluster", None)
+            client.close()
+            if cluster is not None and dask and dask.startswith("local"):
+                cluster.close()
+    s = m.summary
+    if as_json:
+        typer.echo(json.dumps(s, default=str))
+    else:
+        render_many(s, Console() if Console().is_terminal else Console(width=160))
+        err.print(f"dataset written to {outdir}/<table>/capture=<name>/", highlight=False)
+    for c in m.failed:
+        err.print(f"bigtcp-pcap: {c['error']}", highlight=False, markup=False)
+    if m.failed:
+        return 3
+    bad = any(BY_CODE[k].severity != NOTE for c in m.captures if c["summary"]
+              for k in c["summary"]["findings"] if k in BY_CODE)
+    return 1 if bad else 0
+
+
+def render_many(s: dict, console: Console) -> None:
+    """One line per capture and a totals line."""
+    t = Table(title=f"{s['totals']['captures']} captures -> {s['dataset']}")
+    cols = ("capture", "packets", "bigtcp_share", "flows", "largest_superpacket", "findings", "filter_misses",
+            "error")
+    for c in cols:
+        t.add_column(c.replace("_", " "), justify="left" if c in ("capture", "error") else "right")
+    def cell(v):
+        if v is None:
+            return "-"
+        return f"{v:.1%}" if isinstance(v, float) else str(v)
+    for line in s["captures"]:
+        t.add_row(*(cell(line[c]) for c in cols))
+    tot = s["totals"]
+    t.add_row("total", *(cell(tot.get(c)) for c in cols[1:-1]), f"{tot['failed']} failed" if tot["failed"] else "")
+    console.print(t)

@@ -1,0 +1,273 @@
+"""Merging the tables of a capture's parts (``split.py``) into the tables of one serial run, exactly.
+
+Per table: frame numbers are shifted by the records before the part; flow ids are re-numbered in the order of
+first appearance over the whole capture (what a serial run assigns). A flow seen in one part keeps its row
+(shifted); a flow seen in several parts is reduced: sums (packets, bytes, super-packets), min/max (first frame,
+first/last time, largest payload and super-packet), the last SYN's MSS, and the columns that need the flow's
+whole history are recomputed from the parts' rows: the nearest-rank p50/p99 of payload and super-packet lengths
+(exact, from the packets and superpackets rows) and retransmissions / out-of-order / capture gaps (the compiled
+sequence kernel of ``flows/table.py`` re-run over the flow's packets in frame order). The capture-wide finding
+"tcp port filter suspected" is recomputed on the merged flows, and the summary is summed part by part.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import findings as F
+from .flows.table import MAX_HOLES, seq_kernel
+from .output.parquet import read_metadata
+from .split import Part
+
+KEY = ["ip_version", "src", "dst", "sport", "dport"]
+SUMS = ["packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "superpackets"]
+SUSPECT = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
+
+
+class NeedPackets(Exception):
+    """The parts were analysed without their packets tables, and a flow spans a cut (see ``merge_parts``)."""
+
+
+def _read(d: Path, table: str) -> pa.Table | None:
+    p = d / f"{table}.parquet"
+    return pq.read_table(p) if p.exists() else None
+
+
+def _shift(t: pa.Table, cols: list[str], by: int) -> pa.Table:
+    for c in cols:
+        i = t.schema.get_field_index(c)
+        typ = t.schema.field(c).type
+        t = t.set_column(i, t.schema.field(c), pc.cast(pc.add(t.column(c), pa.scalar(by, typ)), typ))
+    return t
+
+
+def _remap(t: pa.Table, col: str, mapping: np.ndarray) -> pa.Table:
+    i = t.schema.get_field_index(col)
+    null = np.asarray(t.column(col).is_null().to_numpy(zero_copy_only=False), np.bool_)
+    ids = _np(t, col, np.int64, -1)
+    new = np.where(ids >= 0, mapping[np.clip(ids, 0, None)] if mapping.size else ids, -1).astype(np.int64)
+    return t.set_column(i, t.schema.field(col), pa.array(new, pa.int64(), mask=null if null.any() else None))
+
+
+def _np(t: pa.Table, col: str, dtype, fill: int = 0) -> np.ndarray:
+    """A column as a numpy array of ``dtype``, nulls as ``fill`` (an empty column has no chunks, no dtype)."""
+    c = t.column(col)
+    return np.asarray((c.fill_null(fill) if c.null_count else c).to_numpy(), dtype)
+
+
+def _nearest_rank(values: np.ndarray) -> tuple[Any, Any, Any]:
+    if values.size == 0:
+        return None, None, None
+    v = np.sort(values)
+    total = v.size
+    return tuple(int(v[max(1, int(np.ceil(q * total))) - 1]) for q in (0.50, 0.99)) + (int(v[-1]),)
+
+
+def _write(t: pa.Table, path: Path, meta: dict) -> None:
+    md = {f"bigtcp_pcap.{k}".encode(): json.dumps(v, default=str).encode() for k, v in meta.items()}
+    pq.write_table(t.replace_schema_metadata(md), path)
+
+
+def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out: Path, *,
+                packets: bool) -> dict:
+    """Write the merged tables of ``parts`` (analysed into ``dirs``) to ``out``; returns the merged summary.
+
+    The parts' packets tables are read only when ``packets`` (the merged packets table is wanted) or when a
+    flow spans a cut (its history-dependent columns are recomputed from its packets); raises ``NeedPackets``
+    when that is so and the parts have none."""
+    out.mkdir(parents=True, exist_ok=True)
+    offs = [p.first_record for p in parts]
+    flows_k = [_read(d, "flows").to_pandas() for d in dirs]
+    allf = pd.concat([f.assign(_part=k) for k, f in enumerate(flows_k)], ignore_index=True)
+    allf["_gid"] = allf.groupby(KEY, sort=False).ngroup() if len(allf) else pd.Series(dtype=np.int64)
+    maps = []
+    for k, f in enumerate(flows_k):
+        m = np.zeros(int(f["flow_id"].max()) + 1 if len(f) else 0, np.int64)
+        rows = allf[allf["_part"] == k]
+        m[rows["flow_id"].to_numpy()] = rows["_gid"].to_numpy()
+        maps.append(m)
+
+    spanning = bool(len(allf)) and int(allf.groupby("_gid").size().max()) > 1
+    packets_t = None
+    if packets or spanning:
+        if not all((d / "packets.parquet").exists() for d in dirs):
+            raise NeedPackets("flows cross the cuts: the parts must be analysed with their packets")
+        cols = None if packets else ["frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags"]
+        pk = [_remap(_shift(pq.read_table(d / "packets.parquet", columns=cols), ["frame"], o), "flow_id", m)
+              for d, o, m in zip(dirs, offs, maps)]
+        packets_t = pa.concat_tables(pk)
+    sp = [_remap(_shift(_read(d, "superpackets"), ["first_frame", "last_frame"], o), "flow_id", m)
+          for d, o, m in zip(dirs, offs, maps)]
+    sp_t = pa.concat_tables(sp)
+
+    flows = _reduce_flows(allf, offs, packets_t, sp_t)
+    meta = read_metadata(dirs[0] / "flows.parquet")
+    meta.update({"packet_count": int(sum(s["capture"]["packets"] for s in summaries)),
+                 "source_name": Path(parts[0].path).name, "source_size": Path(parts[0].path).stat().st_size})
+    fschema = pq.read_schema(dirs[0] / "flows.parquet")
+    _write(pa.Table.from_pandas(flows, schema=fschema.remove_metadata(), preserve_index=False),
+           out / "flows.parquet", meta)
+    if packets:
+        _write(packets_t, out / "packets.parquet", meta)
+    else:
+        (out / "packets.parquet").unlink(missing_ok=True)
+    _write(sp_t, out / "superpackets.parquet", meta)
+
+    # findings: the parts' rows shifted, without their own capture-wide suspicion, which is recomputed here
+    fd = [_shift(_read(d, "findings"), ["frame"], o) for d, o in zip(dirs, offs)]
+    fd_t = pa.concat_tables(fd)
+    fd_t = fd_t.filter(pc.not_equal(fd_t.column("code"), SUSPECT.code))
+    hbh = sum(s["bigtcp"].get("hbh_jumbo", 0) for s in summaries)
+    v6 = (flows["ip_version"] == 6) & (flows["bigtcp_packets"] == 0)
+    gaps = int(flows.loc[v6, "capture_gap_bytes"].sum())
+    suspect = []
+    if gaps > 0 and hbh == 0:
+        msg = SUSPECT.template.format(value=gaps)
+        suspect.append(msg)
+        fd_t = pa.concat_tables([fd_t, pa.table({"frame": [0], "code": [SUSPECT.code],
+                                                 "severity": [SUSPECT.severity], "message": [msg]},
+                                                schema=fd_t.schema)])
+    _write(fd_t, out / "findings.parquet", meta)
+
+    # filter audit: rows of each expression in the order the serial run writes them (expression, then frame)
+    au = [(k, _read(d, "filter_audit"), o) for k, (d, o) in enumerate(zip(dirs, offs))]
+    au = [(k, _shift(t, ["frame"], o)) for k, t, o in au if t is not None]
+    (out / "filter_audit.parquet").unlink(missing_ok=True)
+    if au:
+        order = summaries[0]["filter_audit"]["audited"]
+        pieces = []
+        for expr in order:
+            for _, t in au:
+                sel = t.filter(pc.equal(t.column("filter"), expr))
+                if sel.num_rows:
+                    pieces.append(sel)
+        _write(pa.concat_tables(pieces) if pieces else au[0][1].slice(0, 0), out / "filter_audit.parquet", meta)
+    return _merge_summary(summaries, flows, suspect, parts)
+
+
+def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | None, sp_t: pa.Table) -> pd.DataFrame:
+    allf = allf.copy()
+    allf["first_frame"] = allf["first_frame"].astype(np.int64) + np.asarray(offs, np.int64)[allf["_part"]]
+    g = allf.groupby("_gid", sort=True)
+    first = g.first()
+    res = first[KEY].copy()
+    res["first_frame"] = g["first_frame"].min()
+    res["ts_first_ns"] = g["ts_first_ns"].min()
+    res["ts_last_ns"] = g["ts_last_ns"].max()
+    for c in SUMS:
+        res[c] = g[c].sum()
+    for c in ("max_payload_len", "max_superpacket_len"):
+        res[c] = g[c].max()
+    res["mss"] = g["mss"].last()  # the last non-null: the last SYN's option, as the serial counters keep it
+    for c in ("p50_payload_len", "p99_payload_len", "p50_superpacket_len", "p99_superpacket_len",
+              "retransmissions", "out_of_order", "capture_gap_bytes"):
+        res[c] = first[c]
+    span = g.size()
+    multi = span.index[span.to_numpy() > 1].to_numpy()
+    if multi.size:
+        _recompute(res, multi, packets_t, sp_t)
+    res.insert(0, "flow_id", res.index.to_numpy(np.int64))
+    res = res.reset_index(drop=True)
+    cols = ["flow_id", *KEY, "first_frame", "ts_first_ns", "ts_last_ns", "packets", "payload_bytes", "wire_bytes",
+            "bigtcp_packets", "max_payload_len", "mss", "p50_payload_len", "p99_payload_len", "superpackets",
+            "p50_superpacket_len", "p99_superpacket_len", "max_superpacket_len", "retransmissions",
+            "out_of_order", "capture_gap_bytes"]
+    return res[cols]
+
+
+def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: pa.Table) -> None:
+    """The history-dependent columns of the flows seen in several parts, from their rows (exact)."""
+    compact = np.full(int(res.index.max()) + 1, -1, np.int64)
+    compact[multi] = np.arange(multi.size)
+    cols = packets_t.select(["frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags"])
+    fid_all = _np(cols, "flow_id", np.int64, -1)
+    sel = np.flatnonzero((fid_all >= 0) & (compact[np.clip(fid_all, 0, None)] >= 0))
+    frame = _np(cols, "frame", np.uint64)[sel]
+    order = sel[np.argsort(frame, kind="stable")]
+    fid = compact[fid_all[order]]
+    seq = np.ascontiguousarray(_np(cols, "tcp_seq", np.uint32)[order])
+    plen = np.ascontiguousarray(_np(cols, "tcp_payload_len", np.uint32)[order])
+    flags = np.ascontiguousarray(_np(cols, "tcp_flags", np.uint16)[order])
+    m = multi.size
+    inited = np.zeros(m, np.bool_)
+    max_end, nholes, gap, retrans, ooo = (np.zeros(m, np.int64) for _ in range(5))
+    holes = np.zeros((m, MAX_HOLES, 2), np.int64)
+    seq_kernel(fid, seq, plen, flags, np.ones(fid.shape[0], np.bool_), inited, max_end, holes, nholes, gap,
+               retrans, ooo)
+    sp_fid = _np(sp_t, "flow_id", np.int64, -1)
+    sp_len = _np(sp_t, "payload_len", np.int64)
+    for j, g in enumerate(multi.tolist()):
+        mine = fid == j
+        p = plen[mine]
+        p50, p99, _ = _nearest_rank(p[p > 0].astype(np.int64))
+        s50, s99, _ = _nearest_rank(sp_len[sp_fid == g].astype(np.int64))
+        res.loc[g, ["p50_payload_len", "p99_payload_len", "p50_superpacket_len", "p99_superpacket_len"]] = \
+            [p50, p99, s50, s99]
+        res.loc[g, ["retransmissions", "out_of_order", "capture_gap_bytes"]] = [int(retrans[j]), int(ooo[j]),
+                                                                                 int(gap[j])]
+
+
+def _add(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
+
+
+def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], parts: list[Part]) -> dict:
+    s0 = ss[0]
+    cap = dict(s0["capture"])
+    cap.update(name=parts[0].path, size=Path(parts[0].path).stat().st_size,
+               packets=sum(s["capture"]["packets"] for s in ss),
+               bytes_on_wire=sum(s["capture"]["bytes_on_wire"] for s in ss),
+               duration_s=round(sum(s["capture"]["duration_s"] for s in ss), 6))  # refined by the caller
+    findings: Counter = Counter()
+    for s in ss:
+        findings.update({k: v for k, v in s["findings"].items() if k != SUSPECT.code})
+    if suspect:
+        findings[SUSPECT.code] += 1
+    out = dict(s0)
+    out["capture"] = cap
+    out["bigtcp"] = {k: sum(s["bigtcp"].get(k, 0) for s in ss) for k in s0["bigtcp"]}
+    out["max_bigtcp_ip_len"] = max(s["max_bigtcp_ip_len"] for s in ss)
+    out["flows"] = len(flows)
+    keys = list(s0["top_flows"][0]) if s0["top_flows"] else []
+    top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
+    out["top_flows"] = [{k: (None if pd.isna(r[k]) else (r[k].item() if hasattr(r[k], "item") else r[k]))
+                         for k in keys} for _, r in top.iterrows()]
+    sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}}
+    for s in ss:
+        sp["count"] += s["superpackets"]["count"]
+        for k in ("flush_reasons", "poll_ends", "receivers"):
+            sp[k] = _add(sp[k], s["superpackets"][k])
+    out["superpackets"] = sp
+    out["findings"] = dict(findings.most_common())
+    nfd: dict = {}
+    for s in ss:
+        nfd = _add(nfd, s["not_fully_decoded"])
+    out["not_fully_decoded"] = nfd
+    out["suspect"] = suspect
+    res: dict[str, dict] = {}
+    for s in ss:
+        for r in s["filter_audit"]["results"]:
+            if r["expr"] not in res:
+                res[r["expr"]] = dict(r)
+            else:
+                d = res[r["expr"]]
+                for k, v in r.items():
+                    if isinstance(v, int) and not isinstance(v, bool) and k != "linktypes":
+                        d[k] = d.get(k, 0) + v
+                    elif isinstance(v, dict):
+                        d[k] = _add(d.get(k, {}), v)
+    out["filter_audit"] = dict(s0["filter_audit"], results=list(res.values()))
+    out["parts"] = len(parts)
+    return out

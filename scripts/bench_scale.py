@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Benchmark the parallel forms of `bigtcp-pcap analyze`: --jobs 2 and a Dask LocalCluster vs one process.
+
+    .venv/bin/python scripts/bench_scale.py [--packets 2000000] [--captures 8] [--repeat 1] [--keep DIR]
+
+Builds (with scripts/bench.py's replay builder) one capture of --packets packets and a set of --captures
+captures of --packets/--captures packets each, then times, as separate commands:
+
+* one capture: `analyze BIG` (one process), `analyze BIG --jobs 2` (cut at its idle gaps, 2 processes),
+  `analyze BIG --dask local:2` (2 one-thread LocalCluster workers; the cluster's start-up is included);
+* the set: `analyze DIR` (one process, one capture after the other), `--jobs 2`, `--dask local:2`.
+
+It prints wall seconds, packets per second, the speed-up over the one-process run and the 1-minute load average
+before and after each command (the machine may be shared). No timing is asserted anywhere; this only measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench import FIXTURE, build_capture
+
+CLI = str(ROOT / ".venv" / "bin" / "bigtcp-pcap")
+
+
+def timed(args: list[str], repeat: int) -> dict:
+    best = None
+    for _ in range(repeat):
+        la0 = os.getloadavg()[0]
+        t = time.perf_counter()
+        r = subprocess.run([CLI, *args, "--no-progress"], capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - t
+        if r.returncode not in (0, 1):
+            raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-1000:]}")
+        run = {"wall": wall, "load_before": la0, "load_after": os.getloadavg()[0]}
+        if best is None or wall < best["wall"]:
+            best = run
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--packets", type=int, default=2_000_000)
+    ap.add_argument("--captures", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per command; the fastest is reported")
+    ap.add_argument("--keep", type=Path, help="build the captures here and keep them")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON document")
+    a = ap.parse_args()
+    work = a.keep or Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    big = work / "big.pcap"
+    if not big.exists():
+        build_capture(FIXTURE, big, a.packets)
+    many = work / "set"
+    many.mkdir(exist_ok=True)
+    each = a.packets // a.captures
+    for i in range(a.captures):
+        p = many / f"cap{i}.pcap"
+        if not p.exists():
+            build_capture(FIXTURE, p, each)
+    n_big = (big.stat().st_size, a.packets)
+    rows = []
+    for label, src, n in (("one capture", str(big), n_big[1]), (f"{a.captures} captures", str(many), each * a.captures)):
+        base = None
+        for mode, extra in (("1 process", []), ("--jobs 2", ["--jobs", "2"]), ("--dask local:2", ["--dask", "local:2"])):
+            out = work / "out"
+            shutil.rmtree(out, ignore_errors=True)
+            r = timed(["analyze", src, "-o", str(out), *extra], a.repeat)
+            base = base or r["wall"]
+            rows.append({"input": label, "mode": mode, "wall_s": round(r["wall"], 2),
+                         "packets_per_s": round(n / r["wall"]), "speedup": round(base / r["wall"], 2),
+                         "load1_before": r["load_before"], "load1_after": r["load_after"]})
+    if a.json:
+        print(json.dumps({"cpus": os.cpu_count(), "rows": rows}))
+    else:
+        print(f"cpus {os.cpu_count()}; captures in {work}")
+        for r in rows:
+            print(f"{r['input']:>12}  {r['mode']:<15} {r['wall_s']:7.2f} s  {r['packets_per_s']:>9} pkt/s  "
+                  f"x{r['speedup']:.2f}  load {r['load1_before']:.2f} -> {r['load1_after']:.2f}")
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Many captures as one dataset, one capture cut at idle gaps, Dask: every row against the serial runs.
+
+The oracle is the ordinary serial ``analyze`` of each kernel capture (itself checked against tshark and the
+kernel's own traces elsewhere in the suite); the parallel paths must reproduce its tables row for row.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+from oracle import KERNEL
+from typer.testing import CliRunner
+
+from bigtcp_pcap import analyze, analyze_many
+from bigtcp_pcap.cli import app
+from bigtcp_pcap.many import analyze_split
+from bigtcp_pcap.split import find_parts, idle_gap_ns
+
+TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+SPLIT_FIXTURES = sorted(KERNEL.glob("*.pcap")) + sorted((KERNEL / "traced").glob("*.pcap"))
+LINKTYPES = sorted((KERNEL / "linktypes").glob("*.pcap"))
+
+
+def _frame(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.reset_index(drop=True)
+    for c in df.columns:  # dictionary columns: compare the values, not the dictionaries' order
+        if isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = df[c].astype(str)
+    return df
+
+
+def assert_same_tables(a, b) -> None:
+    for t in TABLES:
+        pa_, pb_ = a / f"{t}.parquet", b / f"{t}.parquet"
+        assert pa_.exists() == pb_.exists(), t
+        if pa_.exists():
+            pd.testing.assert_frame_equal(_frame(pd.read_parquet(pa_)), _frame(pd.read_parquet(pb_)),
+                                          check_dtype=False, obj=t)
+
+
+# 200 ms: the default rule; 1 ms: a user who accepts ACK delays up to 1 ms, which cuts inside connections (flows
+# span the cuts: the exact flow merge is exercised, see the test below)
+@pytest.mark.parametrize("ack_delay_ns", [200_000_000, 1_000_000], ids=["200ms", "1ms"])
+@pytest.mark.parametrize("cap", SPLIT_FIXTURES + LINKTYPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_split_capture_equals_serial_run(cap, ack_delay_ns, tmp_path):
+    serial = analyze(cap, outdir=tmp_path / "serial", packets=True)
+    parts = find_parts(cap, 8, idle_gap_ns(ack_delay_ns=ack_delay_ns))
+    split = analyze_split(cap, tmp_path / "split", jobs=1, parts=8, packets=True, ack_delay_ns=ack_delay_ns)
+    assert split.params.get("parts", 1) == len(parts)
+    if cap in SPLIT_FIXTURES:  # each of these has idle gaps > 200 ms (the tunnel captures on raw IP have none)
+        assert len(parts) >= 2
+    assert_same_tables(serial.outdir, split.outdir)
+    assert split.summary["flows"] == serial.summary["flows"]
+    assert split.summary["capture"]["packets"] == serial.summary["capture"]["packets"]
+    assert split.summary["superpackets"]["count"] == serial.summary["superpackets"]["count"]
+    assert split.summary["bigtcp"] == serial.summary["bigtcp"]
+    assert split.summary["findings"] == serial.summary["findings"]
+
+
+@pytest.mark.parametrize("ack_delay_ns", [200_000_000, 1_000_000], ids=["200ms", "1ms"])
+def test_cuts_are_at_whole_capture_idle_gaps(ack_delay_ns, tmp_path):
+    """The cut points are real idle gaps of the whole capture; with 1 ms, flows cross them."""
+    spanning = 0
+    for k, cap in enumerate(SPLIT_FIXTURES):
+        parts = find_parts(cap, 8, idle_gap_ns(ack_delay_ns=ack_delay_ns))
+        out = analyze(cap, outdir=tmp_path / str(k), packets=True).outdir
+        ts = np.array(pd.read_parquet(out / "packets.parquet")["ts_ns"].astype("int64"))
+        flows = pd.read_parquet(out / "flows.parquet")
+        for p in parts[1:]:
+            i = p.first_record
+            assert ts[i] - ts[:i].max() > ack_delay_ns
+            t = ts[i]
+            spanning += int(((flows["ts_first_ns"].astype("int64") < t) & (flows["ts_last_ns"].astype("int64") > t))
+                            .sum())
+    if ack_delay_ns == 1_000_000:
+        assert spanning >= 10
+
+
+def test_split_across_processes_equals_serial(tmp_path):
+    cap = KERNEL / "mixed_185000.snd.pcap"
+    serial = analyze(cap, outdir=tmp_path / "serial")
+    split = analyze_split(cap, tmp_path / "split", jobs=2)
+    assert split.params["parts"] == 2
+    assert_same_tables(serial.outdir, split.outdir)
+
+
+DATASET = [KERNEL / "v4_185000.rcv.pcap", KERNEL / "v6_185000.rcv.pcap", KERNEL / "mixed_185000.rcv.pcap"]
+
+
+def _check_dataset(root, tmp_path, missing: str | None = None) -> None:
+    import duckdb
+
+    for cap in DATASET:
+        one = analyze(cap, outdir=tmp_path / "one" / cap.name)
+        for t in ("superpackets", "flows", "findings"):
+            whole = pd.read_parquet(root / t)  # pandas: the partitions as one table with a capture column
+            mine = whole[whole["capture"] == cap.name].drop(columns="capture")
+            pd.testing.assert_frame_equal(_frame(mine), _frame(getattr(one, t)), check_dtype=False)
+    n = {cap.name: len(analyze(cap, outdir=tmp_path / "one" / cap.name).flows) for cap in DATASET}
+    # pyarrow.dataset with hive partitioning
+    t = ds.dataset(root / "flows", format="parquet", partitioning="hive").to_table()
+    assert t.num_rows == sum(n.values())
+    # DuckDB, the README's form
+    rows = duckdb.sql(f"select capture, count(*) from read_parquet('{root}/flows/*/*.parquet', "
+                      "hive_partitioning=true) group by capture").fetchall()
+    assert dict(rows) == n
+    if missing is not None:  # the failed capture is marked in its findings partition
+        f = pd.read_parquet(root / "findings")
+        bad = f[f["capture"] == missing]
+        assert list(bad["code"]) == ["capture.partial"] and "cannot open" in bad["message"].iloc[0]
+
+
+def test_many_captures_one_dataset(tmp_path):
+    root = tmp_path / "ds"
+    m = analyze_many([*DATASET, tmp_path / "missing.pcap"], root, jobs=2)
+    _check_dataset(root, tmp_path, missing="missing.pcap")
+    s = m.summary
+    assert s["totals"]["captures"] == 4 and s["totals"]["failed"] == 1
+    by = {c["capture"]: c for c in s["captures"]}
+    for cap in DATASET:
+        one = analyze(cap, outdir=tmp_path / "o2" / cap.name)
+        assert by[cap.name]["packets"] == one.summary["capture"]["packets"]
+        assert by[cap.name]["flows"] == len(one.flows)
+        assert by[cap.name]["largest_superpacket"] == one.flows["max_superpacket_len"].max()
+    assert s["totals"]["packets"] == sum(by[c.name]["packets"] for c in DATASET)
+    # a second run over the same directory replaces the partitions (no duplicate rows)
+    analyze_many(DATASET, root, jobs=1)
+    assert len(pd.read_parquet(root / "flows")) == sum(by[c.name]["flows"] for c in DATASET)
+
+
+def test_dask_localcluster(tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    dd = pytest.importorskip("dask.dataframe")
+    root = tmp_path / "ds"
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        m = analyze_many(DATASET, root, client=client)
+        assert not m.failed
+        _check_dataset(root, tmp_path)
+        flows = dd.read_parquet(str(root / "flows")).compute()
+        assert len(flows) == sum(c["flows"] for c in m.summary["captures"])
+        # one capture cut at its idle gaps, the parts as cluster tasks
+        cap = KERNEL / "v6_80000.snd.pcap"
+        split = analyze_split(cap, tmp_path / "split", client=client, parts=3)
+        assert split.params["parts"] >= 2
+    assert_same_tables(analyze(cap, outdir=tmp_path / "serial").outdir, split.outdir)
+
+
+def test_cli_directory_and_json(tmp_path):
+    src = tmp_path / "caps"
+    src.mkdir()
+    for cap in DATASET:
+        (src / cap.name).write_bytes(cap.read_bytes())
+    res = CliRunner().invoke(app, ["analyze", str(src), "-o", str(tmp_path / "ds"), "--jobs", "2", "--json"])
+    assert res.exit_code in (0, 1), res.output
+    doc = json.loads(res.stdout)
+    assert [c["capture"] for c in doc["captures"]] == sorted(c.name for c in DATASET)
+    assert doc["totals"]["flows"] == len(pd.read_parquet(tmp_path / "ds" / "flows"))
+    res = CliRunner().invoke(app, ["analyze", str(src / "*.pcap"), "-o", str(tmp_path / "ds2"), "--json"])
+    assert json.loads(res.stdout)["totals"] == doc["totals"]
+
+
+def test_split_without_packets_reruns_parts_when_flows_cross_cuts(tmp_path, monkeypatch):
+    """Parts run without their packets tables first; a flow across a cut makes them run again with them."""
+    from bigtcp_pcap import merge
+
+    raised = []
+    real = merge.merge_parts
+
+    def counting(*a, **k):
+        try:
+            return real(*a, **k)
+        except merge.NeedPackets:
+            raised.append(True)
+            raise
+
+    monkeypatch.setattr(merge, "merge_parts", counting)
+    cap = KERNEL / "traced" / "v4_65536.snd.pcap"
+    serial = analyze(cap, outdir=tmp_path / "serial")
+    split = analyze_split(cap, tmp_path / "split", jobs=1, parts=4, ack_delay_ns=1_000_000, part_packets=False)
+    assert split.params["parts"] >= 2 and raised == [True]
+    assert not (split.outdir / "packets.parquet").exists()
+    assert_same_tables(serial.outdir, split.outdir)
