@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 SAMPLE_NAME = "sample-bigtcp.pcap"
 TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
-OUTPUT_FILES = ("summary.json", "report.html")  # also removed at the start of a run into an existing OUTDIR
+OUTPUT_FILES = ("summary.json", "report.html")  # an earlier run's, removed once this run's tables are in place
 
 
 def sample_capture() -> Path:
@@ -166,8 +166,6 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
         out = Path(outdir)
         try:
             out.mkdir(parents=True, exist_ok=True)
-            for fname in OUTPUT_FILES:  # the summary and report of an earlier run into this directory
-                (out / fname).unlink(missing_ok=True)
         except OSError as e:
             reader.src.close()
             raise OutputError.from_os(str(out), e, "cannot make the output directory") from None
@@ -333,6 +331,9 @@ def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None)
             if table not in sinks or not sinks[table].done:
                 with contextlib.suppress(OSError):
                     (outdir / f"{table}.parquet").unlink(missing_ok=True)
+        for fname in OUTPUT_FILES:  # the summary and report of an earlier run (this run writes its own next)
+            with contextlib.suppress(OSError):
+                (outdir / fname).unlink(missing_ok=True)
     return first
 
 

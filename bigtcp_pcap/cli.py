@@ -27,7 +27,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .cli_options import config_options
 from .errors import BigtcpError, Interrupted, UsageError
+from .gro.config import GroConfig
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -92,6 +94,7 @@ def _error_line(e: BigtcpError, outdir: Path) -> str:
 
 
 @app.command()
+@config_options(GroConfig, "gro", exclude=("checksum_ok",), panel="Receiver GRO model")
 def analyze(
     captures: Annotated[list[str] | None, typer.Argument(
         help="pcap/pcapng file (compressed ok), '-' for stdin; omitted: the bundled sample. Several files, a "
@@ -100,17 +103,6 @@ def analyze(
     packets: Annotated[bool, typer.Option("--packets", help="also write packets.parquet")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar on stderr")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as one JSON document")] = False,
-    gro_max_size: Annotated[int, typer.Option(help="receiver gro_max_size (IPv6 limit, R15a)")] = 65536,
-    gro_ipv4_max_size: Annotated[int | None, typer.Option(
-        help="receiver gro_ipv4_max_size; default follows the kernel coupling")] = None,
-    napi_weight: Annotated[int, typer.Option(help="packets per NAPI poll")] = 64,
-    hz: Annotated[int, typer.Option(help="kernel HZ (flush-old behaviour, R21.3)")] = 250,
-    poll_gap_us: Annotated[float, typer.Option(help="idle gap that ends a NAPI poll (µs)")] = 20.0,
-    gro_flush_timeout_ns: Annotated[int, typer.Option(help="sysfs gro_flush_timeout")] = 0,
-    napi_defer_hard_irqs: Annotated[int, typer.Option(help="sysfs napi_defer_hard_irqs")] = 0,
-    rx_queues: Annotated[int, typer.Option(help="RX queues (NAPI instances)")] = 1,
-    max_gro_skbs: Annotated[int, typer.Option(help="held packets per GRO bucket")] = 8,
-    kernel: Annotated[str, typer.Option(help="kernel version behaviour: 6.17, 6.18, 6.19, 7.0")] = "6.18",
     filters: Annotated[list[str] | None, typer.Option(
         "--filter", help="pcap filter to audit (repeatable); default: tcp, ip6 and tcp, tcp port <busiest>")] = None,
     no_audit: Annotated[bool, typer.Option("--no-audit", help="skip the filter audit")] = False,
@@ -128,6 +120,7 @@ def analyze(
                                       "cut at idle gaps)")] = 1,
     dask: Annotated[str | None, typer.Option("--dask", help="run the tasks on this dask.distributed scheduler "
                                              "(or 'local:N' for a LocalCluster of N workers)")] = None,
+    gro: GroConfig | None = None,
 ) -> None:
     """Analyse a capture and write findings/flows/superpackets (and packets) Parquet tables.
 
@@ -135,7 +128,6 @@ def analyze(
     """
     from .api import analyze as run
     from .api import sample_capture
-    from .gro.config import GroConfig
     from .output.summary import progress_bar, render
 
     capture = captures[0] if captures else None
@@ -144,10 +136,7 @@ def analyze(
     show = not no_progress and sys.stderr.isatty()
     try:
         try:
-            cfg = GroConfig(kernel=kernel, gro_max_size=gro_max_size, gro_ipv4_max_size=gro_ipv4_max_size,
-                            napi_weight=napi_weight, hz=hz, poll_gap_us=poll_gap_us,
-                            gro_flush_timeout_ns=gro_flush_timeout_ns, napi_defer_hard_irqs=napi_defer_hard_irqs,
-                            rx_queues=rx_queues, max_gro_skbs=max_gro_skbs)
+            cfg = gro if gro is not None else GroConfig()
             if not (flow_idle_timeout > 0 and flow_close_timeout > 0):
                 raise ValueError(f"--flow-idle-timeout and --flow-close-timeout must be > 0 s, got "
                                  f"{flow_idle_timeout} and {flow_close_timeout}")
@@ -286,9 +275,24 @@ def main() -> None:
     teardown of numba/LLVM and pyarrow state takes ~0.5 s and does nothing a finished run needs.
 
     """
+    try:  # typer >= 0.24 carries its own copy of click
+        from typer._click import exceptions as cx
+    except ImportError:
+        from click import exceptions as cx
     try:
-        app()
-        code = 0
+        rv = app(standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except cx.NoArgsIsHelpError as e:  # `bigtcp-pcap` alone, `bigtcp-pcap analyze` alone: the help
+        e.show()
+        code = EXIT_USAGE
+    except cx.UsageError as e:  # a bad option or value: one line, as for every other user error
+        cmd = e.ctx.command_path if e.ctx is not None else "bigtcp-pcap"
+        msg = " ".join(e.format_message().split())
+        print(f"{cmd}: {msg} (see '{cmd} -h')", file=sys.stderr)
+        code = EXIT_USAGE
+    except typer.Abort:
+        print("bigtcp-pcap: interrupted by SIGINT", file=sys.stderr)
+        code = 130
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if isinstance(e.code, str):

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import findings as F
-from .flows.table import MAX_HOLES, seq_kernel
+from .flows.table import F_GAP, F_OOO, F_RETRANS, MAX_HOLES, NF, seq_kernel
 from .output.parquet import read_metadata
 from .split import Part
 
@@ -198,11 +198,10 @@ def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: 
     plen = np.ascontiguousarray(_np(cols, "tcp_payload_len", np.uint32)[order])
     flags = np.ascontiguousarray(_np(cols, "tcp_flags", np.uint16)[order])
     m = multi.size
-    inited = np.zeros(m, np.bool_)
-    max_end, nholes, gap, retrans, ooo = (np.zeros(m, np.int64) for _ in range(5))
+    state = np.zeros((m, NF), np.int64)
     holes = np.zeros((m, MAX_HOLES, 2), np.int64)
-    seq_kernel(fid, seq, plen, flags, np.ones(fid.shape[0], np.bool_), inited, max_end, holes, nholes, gap,
-               retrans, ooo)
+    seq_kernel(fid, seq.astype(np.int64), plen, flags.astype(np.int64), state, holes)
+    retrans, ooo, gap = state[:, F_RETRANS], state[:, F_OOO], state[:, F_GAP]
     sp_fid = _np(sp_t, "flow_id", np.int64, -1)
     sp_len = _np(sp_t, "payload_len", np.int64)
     for j, g in enumerate(multi.tolist()):

@@ -214,7 +214,7 @@ def test_usage_error_leaves_the_earlier_tables_alone(tmp_path):
     out = tmp_path / "out"
     assert cli("analyze", SND, "-o", out, "--no-progress").returncode in (0, 1)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    for bad in (["--filter", "tcp and and"], ["--napi-weight", "0"], ["--gro-engine", "nope"]):
+    for bad in (["--filter", "tcp and and"], ["--napi-weight", "0"], ["--rx-queues", "x"], ["--bogus"]):
         res = cli("analyze", SND, "-o", out, "--no-progress", *bad)
         assert res.returncode == 2, (bad, res.stderr)
         assert len(error_lines(res)) == 1, res.stderr

@@ -62,14 +62,14 @@ def test_unknown_linktype_is_counted_not_an_error(tmp_path):
 def test_one_odd_pcapng_interface_does_not_stop_the_others(tmp_path):
     body = [pcapng_epb(0, i, PKT) if i % 3 else pcapng_epb(1, i, b"\x08\x00" + b"\0" * 30) for i in range(1, 151)]
     cap = tmp_path / "two_if.pcapng"
-    cap.write_bytes(pcapng_shb() + pcapng_idb(1) + pcapng_idb(105) + b"".join(body))
+    cap.write_bytes(pcapng_shb() + pcapng_idb(1) + pcapng_idb(147) + b"".join(body))
     want = tshark_fields(cap, ["frame.interface_id", "tcp.len"])
     a = bigtcp_pcap.analyze(cap, packets=True, audit=False)
     assert not a.partial and len(a.packets) == len(want) == 150
     tcp_rows = a.packets[a.packets.if_id == 0]
     assert tcp_rows.tcp_payload_len.tolist() == [int(r["tcp.len"]) for r in want if r["frame.interface_id"] == "0"]
     (row,) = _findings(a)["frame.unknown_linktype"]
-    assert row["frame"] == 3 and "linktype 105" in row["message"] and "50 frames" in row["message"]
+    assert row["frame"] == 3 and "linktype 147" in row["message"] and "50 frames" in row["message"]
 
 
 def test_packet_block_of_an_undefined_interface_is_skipped_and_counted(tmp_path):

@@ -250,6 +250,14 @@ def _seq_step(F, H, f, seq, ln, flags):
         F[f, F_MAXEND] = e
 
 
+@njit(cache=True)
+def seq_kernel(fid, seq, plen, flags, F, H):
+    """The sequence bookkeeping of ``flow_kernel`` alone, over packets already in frame order with compact flow
+    ids (rows of ``F``/``H``): used to recompute the history-dependent columns of a flow seen in several parts."""
+    for i in range(fid.shape[0]):
+        _seq_step(F, H, fid[i], seq[i], np.int64(plen[i]), flags[i])
+
+
 @njit(cache=True, inline="always")
 def _find(TAB, KY, w, s0, s1, d0, d1, h):
     """Slot of the exact key, or -1."""
@@ -742,6 +750,21 @@ class FlowTable:
         known = slots >= 0
         ky = self.KY[np.where(known, slots, 0)]
         return (ky[:, 0] >> np.uint64(32)).astype(np.int64), ky[:, 1:3], ky[:, 3:5], known
+
+    def keys(self, flow_id: np.ndarray) -> list[tuple[str, str, int, int, int] | None]:
+        """(src, dst, sport, dport, ip_version) per flow id of flows still in memory (None for the others); for
+        summaries of a few flows, not for per-row columns."""
+        fids = np.ascontiguousarray(flow_id, np.int64)
+        slots = np.empty(fids.shape[0], np.int64)
+        slots_kernel(fids, self.FK, self.FV, slots)
+        known = slots >= 0
+        ky = self.KY[np.where(known, slots, 0)]
+        ver = (ky[:, 0] >> np.uint64(32)).astype(np.int64)
+        src = address_strings(ver, ky[:, 1:3]).to_pylist()
+        dst = address_strings(ver, ky[:, 3:5]).to_pylist()
+        sport = ((ky[:, 0] >> np.uint64(16)) & np.uint64(0xFFFF)).astype(np.int64).tolist()
+        dport = (ky[:, 0] & np.uint64(0xFFFF)).astype(np.int64).tolist()
+        return [(src[i], dst[i], sport[i], dport[i], int(ver[i])) if known[i] else None for i in range(len(src))]
 
     def expire(self, now_ns: int, held_flow_ids: np.ndarray | None = None, everything: bool = False) -> dict | None:
         """Columns (flows table) of the flows that ended by ``now_ns`` (all with ``everything``), sorted by

@@ -230,8 +230,9 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
 def _summary(info: CaptureInfo, prof: EgressProfile, c: dict, flows: FlowTable, inputs: int, note: str | None,
              error: CaptureError | None, sp_rows: int | None) -> dict[str, Any]:
     flow_rows = []
-    for f in np.flatnonzero(c["payload_in"] > 0).tolist():
-        src, dst, sport, dport, _ver = flows.key(f)
+    live = np.flatnonzero(c["payload_in"] > 0)
+    for f, key in zip(live.tolist(), flows.keys(live)):
+        src, dst, sport, dport, _ver = key
         skbs, rows = int(c["skbs_in"][f]), int(c["rows_out"][f])
         row = {"flow_id": f, "src": src, "dst": dst, "sport": sport, "dport": dport, "skbs_in": skbs,
                "super_packets_in": int(c["super_packets_in"][f]), "packets_out": rows,

@@ -8,6 +8,7 @@ import pyarrow as pa
 from ..decode.schema import BIGTCP_NAMES
 from ..output import arrow as A
 from ..output.parquet import BIGTCP_TYPE, TS_TYPE
+from ..output.superpackets import address_dictionary
 from .engine import ACTION_NAMES, REASON_NAMES, EgressBatch
 
 ADDR_TYPE = pa.dictionary(pa.int32(), pa.string())  # one string per flow in the batch, not per row
@@ -26,24 +27,21 @@ tso_off, mtu; none when passed)."""
 
 
 def egress_columns(eb: EgressBatch, flows) -> dict:
-    """Columns for EGRESS_SCHEMA; addresses come from the flow table, as dictionary columns whose values are
-    the batch's distinct flows (found with a bincount, not a sort: the rows are many, the flows few)."""
+    """Columns for EGRESS_SCHEMA; addresses come from the flow table as dictionary columns whose values are the
+    batch's distinct addresses (the same helper as superpackets.parquet)."""
     fid = eb.flow_id
     no_l4 = fid < 0
-    present = np.flatnonzero(np.bincount(fid[~no_l4], minlength=len(flows))) if (~no_l4).any() else \
-        np.zeros(0, np.int64)
-    slot = np.zeros(len(flows) + 1, np.int32)
-    slot[present] = np.arange(present.shape[0], dtype=np.int32)
-    idx = slot[np.where(no_l4, len(flows), fid)]
-    keys = [flows.key(int(f))[:2] for f in present.tolist()]
-    codes = A.array(idx, pa.int32(), no_l4)
+    uniq, inv = np.unique(fid, return_inverse=True)
+    inv = inv.ravel()
+    ver, src, dst, known = flows.addresses(uniq)
+    known &= uniq >= 0
 
-    def addr(j: int) -> pa.DictionaryArray:
-        return pa.DictionaryArray.from_arrays(codes, A.array([k[j] for k in keys], pa.string()))
+    def addr(words: np.ndarray) -> pa.DictionaryArray:
+        return address_dictionary(ver, words, known, inv)
 
     return {
         "source_frame": eb.source_frame, "out_index": eb.out_index, "ts_ns": eb.ts_ns.view("datetime64[ns]"),
-        "flow_id": (fid, no_l4), "src": addr(0), "dst": addr(1), "ip_version": eb.ip_version,
+        "flow_id": (fid, no_l4), "src": addr(src), "dst": addr(dst), "ip_version": eb.ip_version,
         "sport": (eb.sport, no_l4), "dport": (eb.dport, no_l4), "seq": (eb.seq, no_l4),
         "payload_len": eb.payload_len, "l3_len": eb.l3_len, "frame_len": eb.frame_len, "gso_segs": eb.gso_segs,
         "gso_size": eb.gso_size, "action": A.dictionary(eb.action, ACTION_NAMES),

@@ -24,7 +24,7 @@ SUPERPACKETS_SCHEMA = pa.schema([
 SOURCE_NAMES = ("rebuilt", "observed")
 
 
-def _addresses(ver: np.ndarray, words: np.ndarray, known: np.ndarray, inv: np.ndarray) -> pa.Array:
+def address_dictionary(ver: np.ndarray, words: np.ndarray, known: np.ndarray, inv: np.ndarray) -> pa.Array:
     """Dictionary column: the distinct addresses of the distinct flows as text, an int32 index per row."""
     v = np.where(known, ver, 0).astype(np.uint64)
     order = np.lexsort((words[:, 1], words[:, 0], v))  # exact distinct (version, address): sorted, then runs
@@ -49,8 +49,8 @@ def superpackets_columns(spb, flows, receivers: list[str] | None = None) -> dict
     names = spb.reason_names
     return {
         "flow_id": fid,
-        "src": _addresses(ver, src, known, inv),
-        "dst": _addresses(ver, dst, known, inv),
+        "src": address_dictionary(ver, src, known, inv),
+        "dst": address_dictionary(ver, dst, known, inv),
         "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
         "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
         "bigtcp": A.dictionary(spb.bigtcp, BIGTCP_NAMES),

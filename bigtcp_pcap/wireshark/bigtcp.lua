@@ -405,6 +405,8 @@ local function walk(tvb, off, ver)
         else
             r.ip_len = totlen
         end
+        -- never more than the wire carried (as bigtcp-pcap's decoder: a header claiming more is limited)
+        if r.ip_len > wire - off then r.ip_len = wire - off end
         r.l4 = off + ihl
         return r
     end
@@ -465,6 +467,7 @@ local function walk(tvb, off, ver)
     else
         r.ip_len = 40 + plen
     end
+    if r.ip_len > wire - off then r.ip_len = wire - off end
     return r
 end
 
