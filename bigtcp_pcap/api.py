@@ -24,6 +24,7 @@ import numpy as np
 from . import __version__, _native
 from . import diagnose as D
 from . import findings as F
+from .audit.stage import FilterAudits
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
@@ -33,7 +34,7 @@ from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
 from .output import parquet as P
-from .output.audit import AUDIT_SCHEMA, FilterAudits, audit_rows
+from .output.audit import AUDIT_SCHEMA, audit_rows
 from .output.report import write_summary
 from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
 

@@ -230,6 +230,28 @@ def test_first_fragments_carry_tcp_and_later_ones_do_not(tmp_path):
     assert pb.tcp_flags[0] == int(rows[0]["tcp.flags"], 16)
 
 
+def test_a_first_fragment_of_a_mirror_copy_carries_its_inner_tcp(tmp_path):
+    """A GRE (transparent Ethernet bridging) copy of a 1514-byte frame, fragmented on its way as Zeek's erspan.pcap
+    shows: the first fragment holds the inner Ethernet, IPv4 and TCP headers and is decoded to them (lengths
+    limited by what the fragment carries, as tshark with reassembly off); the last fragment carries none."""
+    inner = eth(0x0800) + ipv4(20 + 1460) + tcp(seq=4242, flags=0x10) + bytes(1460)  # 1514 bytes
+    gre = struct.pack(">HH", 0, 0x6558) + inner
+    frames = []
+    for off, chunk, more in ((0, gre[:1480], True), (1480, gre[1480:], False)):
+        h = bytearray(ipv4(len(chunk), proto=47, df=False))
+        struct.pack_into(">H", h, 6, (0x2000 if more else 0) | (off // 8))
+        frames.append(eth(0x0800) + bytes(h) + chunk)
+    path = write_pcap(tmp_path / "gre_frag.pcap", frames)
+    pb = PacketBatch.concat([decode(rb)[0] for rb in CaptureReader(path)])
+    rows = tshark_fields(path, ["frame.protocols", "tcp.srcport", "tcp.seq_raw", "tcp.len", "ip.len"], prefs=PREFS)
+    assert [("tcp" in r["frame.protocols"].split(":")) for r in rows] == [True, False]
+    assert pb.tunnel[0] == TUNNEL_GRE and pb.l4_proto[0] == 6 and pb.l4_off[1] == -1
+    assert pb.status[0] & ST_IP_FRAGMENT
+    assert pb.sport[0] == int(rows[0]["tcp.srcport"]) and pb.tcp_seq[0] == int(rows[0]["tcp.seq_raw"]) == 4242
+    assert pb.tcp_payload_len[0] == int(rows[0]["tcp.len"]) == 1480 - 4 - 14 - 20 - 20
+    assert pb.ip_len[0] == 1480 - 4 - 14 and pb.ip_len_field[0] == 1500
+
+
 def test_reserved_flag_bits_are_kept(tmp_path):
     """The 12-bit flag word: reserved bits and AE as tshark shows them in tcp.flags."""
     frames = [eth(0x0800) + ipv4(20) + tcp(flags=0x10) for _ in range(4)]

@@ -5,7 +5,7 @@ tags and 802.3 LLC/SNAP, Linux SLL and SLL2, raw IP, NULL/LOOP, PPP in its three
 data frames bare or behind radiotap/PPI, NFLOG, IPoIB, PKTAP, FDDI), the encapsulations below IP (MPLS label
 stacks, PPPoE sessions), IPv4 with options, the IPv6 extension-header chain with Hop-by-Hop and Destination
 Options TLVs walked, TCP with options, UDP, and the tunnels of ``schema.TUNNEL_NAMES`` (VXLAN, Geneve, GRE,
-ERSPAN I/II/III, IP-in-IP). An IPv4 or IPv6 first fragment has its TCP/UDP header decoded (status keeps
+ERSPAN I/II/III, IP-in-IP). An IPv4 or IPv6 first fragment has its TCP/UDP header (or its GRE/IP-in-IP tunnel) decoded (status keeps
 ``ip_fragment``); later fragments carry none.
 
 The decode is split into one inline helper per protocol; ``decode_kernel`` only strings them together. All reads
@@ -881,7 +881,9 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 status |= ST_IP_FRAGMENT
             if l4 < 0 or frag == FRAG_LATER:
                 break
-            if frag == FRAG_FIRST and q + ip_len - l4 < (20 if l4_proto == 6 else 8):
+            # (a first fragment's tunnel is followed too: a mirror port's GRE/ERSPAN copy of a 1514-byte frame is
+            # often fragmented on its way, and the first fragment holds the inner headers)
+            if frag == FRAG_FIRST and q + ip_len - l4 < (20 if l4_proto == 6 else 8 if l4_proto == 17 else 4):
                 break  # a first fragment without the whole TCP/UDP header: nothing to decode from it
             # ---- L4 ----------------------------------------------------------------------------------
             l4_true = max(q + ip_len - l4, 0)  # bytes of L4 header + payload in the true packet
@@ -906,7 +908,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 if code == TUNNEL_NONE:
                     break
                 lim = min(lim, l4 + ulen)
-            elif (l4_proto == 4 or l4_proto == 41 or l4_proto == 47) and frag == FRAG_NONE and depth < MAX_DEPTH:
+            elif (l4_proto == 4 or l4_proto == 41 or l4_proto == 47) and frag != FRAG_LATER and depth < MAX_DEPTH:
                 if l4_proto == 47:
                     etype, pos, code, trunc = _gre(buf, l4, end)
                     if code == TUNNEL_NONE:

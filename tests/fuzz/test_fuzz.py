@@ -136,6 +136,7 @@ def test_decompression_bombs(kind):
     assert _rss_mib() - before < 128
 
 
+@pytest.mark.opt_in
 @pytest.mark.skipif(not LONG, reason="long run only (BIGTCP_FUZZ_LONG=1): ~5 s")
 @pytest.mark.parametrize("kind", ["gz", "zst"])
 def test_capture_followed_by_zeros(kind):

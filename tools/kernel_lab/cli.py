@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-napi", action="store_true",
                     help="record every NAPI poll of vb (tracefs napi:napi_poll: time, CPU, context, work) to "
                     "<scenario>.napi.tsv, the kernel's actual poll boundaries")
+    ap.add_argument("--sender-qdisc", default=None, metavar="SPEC",
+                    help="tc qdisc on va instead of 'pfifo limit 10000', e.g. 'netem loss 0.5%% limit 10000' (drops "
+                    "before the sender's capture) or 'noqueue' (the veth ring drops after it)")
+    ap.add_argument("--suffix", default="", help="appended to the scenario name in the output file names")
     args = ap.parse_args(argv)
     cpu = CpuPlan(
         client=args.pin_cpu,
@@ -165,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in names:
         try:
-            info = Experiment(SCENARIOS[name], args.outdir, args.bytes, args.snaplen, cpu).run()
+            info = Experiment(SCENARIOS[name], args.outdir, args.bytes, args.snaplen, cpu, args.sender_qdisc,
+                              args.suffix).run()
             print(one_line_summary(info))
         except CaptureError as e:
             print(f"{PROG}: {name}: {e}", file=sys.stderr)

@@ -62,9 +62,15 @@ class Experiment:
     """One scenario run: namespaces, veth, limits, captures, traffic, read-back, cleanup."""
 
     def __init__(
-        self, sc: Scenario, outdir: Path, nbytes: int | None, snaplen: int | None, cpu: CpuPlan | None = None
+        self, sc: Scenario, outdir: Path, nbytes: int | None, snaplen: int | None, cpu: CpuPlan | None = None,
+        sender_qdisc: str | None = None, suffix: str = "",
     ) -> None:
         self.sc, self.outdir = sc, outdir
+        # tc qdisc spec for va instead of "pfifo limit 10000": "netem loss 0.5% limit 10000" drops before the
+        # sender's tap (the capture shows only the retransmission), "noqueue" lets the 256-slot veth ring drop after
+        # it (the sender's capture shows a segment the receiver never got)
+        self.sender_qdisc = sender_qdisc
+        self.suffix = suffix  # appended to the scenario name in the output file names
         self.cpu = cpu or CpuPlan()
         self.napi_trace: NapiTrace | None = None
         self.nbytes = nbytes or sc.nbytes or DEFAULT_BYTES
@@ -92,7 +98,13 @@ class Experiment:
             r.run(["ip", "-n", ns, "-4", "addr", "add", f"{a4}/30", "dev", dev])
         r.run(["ethtool", "-K", "va", "tso", "off", "gso", "off"], ns=snd)
         r.run(["ethtool", "-K", "vb", "gro", "on"], ns=rcv)
-        r.run(["tc", "qdisc", "replace", "dev", "va", "root", "pfifo", "limit", "10000"], ns=snd)
+        if self.sender_qdisc == "noqueue":
+            r.run(["tc", "qdisc", "del", "dev", "va", "root"], ns=snd, check=False)
+            r.run(["tc", "qdisc", "replace", "dev", "va", "root", "noqueue"], ns=snd, check=False)
+        else:
+            spec = (self.sender_qdisc or "pfifo limit 10000").split()
+            r.run(["tc", "qdisc", "replace", "dev", "va", "root", *spec], ns=snd)
+        self.info["sender_qdisc"] = self.sender_qdisc or "pfifo limit 10000"
         for ns, dev in ((snd, "va"), (rcv, "vb")):
             v6, v4 = self.sc.sizes(dev)
             if v6 is not None:
@@ -440,7 +452,7 @@ class Experiment:
     def run(self) -> dict[str, Any]:
         """Run the whole scenario, always clean up and write ``<name>.json`` (with ``error`` on failure)."""
         caps = self.sc.captures
-        files = {side: self.outdir / f"{self.sc.name}.{side}.pcap" for side, *_ in caps}
+        files = {side: self.outdir / f"{self.sc.name}{self.suffix}.{side}.pcap" for side, *_ in caps}
         help_text = self.r.run(["tcpdump", "--help"], check=False)
         self.tcpdump_nano = "time-stamp-precision" in (help_text.stdout + help_text.stderr)
         capture: dict[str, Any] = {
@@ -491,7 +503,7 @@ class Experiment:
             self.traffic()
             after = cpu_counters()
             if self.napi_trace is not None:
-                self.info["napi_trace"] = self.napi_trace.stop(self.outdir / f"{self.sc.name}.napi.tsv")
+                self.info["napi_trace"] = self.napi_trace.stop(self.outdir / f"{self.sc.name}{self.suffix}.napi.tsv")
             self.info["cpu"] = self.cpu.record() | {"counters_during_traffic": counter_delta(before, after)}
             time.sleep(1.5)  # > libpcap's TPACKET_V3 block timeout, so every packet reaches the file
             for side, p, errpath in running:
@@ -517,7 +529,7 @@ class Experiment:
         finally:
             self.cleanup()
             self.info["commands"] = self.r.log
-            (self.outdir / f"{self.sc.name}.json").write_text(
+            (self.outdir / f"{self.sc.name}{self.suffix}.json").write_text(
                 json.dumps(self.info, indent=1) + "\n"
             )
         return self.info

@@ -1,0 +1,94 @@
+"""The filter-audit stage inside ``analyze``: which capture filters mis-parse this capture's packets.
+
+With explicit expressions every one is audited and reported. Without, ``tcp``, ``ip6 and tcp`` and
+``tcp port P`` (P: the port carrying most TCP payload in the first batch) are audited and only those that
+mis-parse something (or could not audit some frames) are reported. Without libpcap the stage is skipped with a
+note. The default audit never ends a run: a default filter libpcap rejects for the capture's link type (``ip6
+and tcp`` on raw IPv4) is reported as not audited. An explicit filter libpcap rejects for every link type of the
+capture is a usage error, as ``tcpdump -r`` would refuse it; rejected for some link types only, it is audited
+on the others and the rest is counted as not audited.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..decode.schema import PacketBatch
+from ..errors import UsageError
+from .cbpf import FilterAudit, prepare_batch
+from .libpcap import FilterError, LibpcapMissing
+
+
+def busiest_port(pb: PacketBatch) -> int | None:
+    """The lower port of the flow direction with the most TCP payload in this batch (the service port)."""
+    m = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.tcp_payload_len > 0)
+    if not m.any():
+        return None
+    lo = np.minimum(pb.sport[m], pb.dport[m]).astype(np.int64)
+    w = np.bincount(lo, weights=pb.tcp_payload_len[m], minlength=1)
+    return int(np.argmax(w))
+
+
+class FilterAudits:
+    """The filter audits of one ``analyze`` run: started on the first batch, fed every batch, finished once."""
+
+    def __init__(self, filters: list[str] | None, enabled: bool = True):
+        self.explicit = filters is not None
+        self.exprs = list(filters) if filters else []
+        self.enabled = enabled and (self.explicit or True)
+        self.audits: list[FilterAudit] = []
+        self.note: str | None = None
+        self.rejected: list[str] = []  # default filters libpcap rejected for every link type of the capture
+        self._started = False
+
+    def _start(self, pb: PacketBatch) -> None:
+        self._started = True
+        if not self.enabled:
+            return
+        exprs = self.exprs
+        if not self.explicit:
+            exprs = ["tcp", "ip6 and tcp"]
+            port = busiest_port(pb)
+            if port is not None:
+                exprs.append(f"tcp port {port}")
+            self.exprs = exprs
+        try:
+            # the default audit looks only at the frames BIG TCP can affect (fast); explicit filters get all frames
+            self.audits = [FilterAudit(e, candidates_only=not self.explicit) for e in exprs]
+        except LibpcapMissing as e:
+            if self.explicit:
+                raise UsageError(str(e)) from None
+            self.note = f"filter audit skipped: {e}"
+            self.audits = []
+
+    def feed(self, rb, pb: PacketBatch, fid) -> None:
+        if not self._started:
+            self._start(pb)
+        prepared = {}  # the selection and normalization are shared by the audits of one kind
+        for a in self.audits:
+            kind = (a.candidates_only, a.l4_index)
+            if kind not in prepared:
+                prepared[kind] = prepare_batch(rb, pb, *kind)
+            a.feed_prepared(prepared[kind])
+
+    def finish(self) -> list:
+        """The results to report (the default audit's: only those that found something)."""
+        results = []
+        for a in self.audits:
+            try:
+                results.append(a.result())
+            except FilterError as e:
+                if self.explicit:
+                    raise UsageError(f"filter {a.expr!r}: {e.for_linktype()}") from None
+                self.rejected.append(a.expr)
+                note = f"filter {a.expr!r} not audited: libpcap: {e.for_linktype()}"
+                self.note = note if self.note is None else f"{self.note}; {note}"
+        if not self.explicit:
+            results = [r for r in results if not r.clean or not r.complete]
+        return results
+
+    def summary(self, results: list) -> dict:
+        """The ``filter_audit`` part of summary.json."""
+        audited = [e for e in self.exprs if e not in self.rejected] if self.audits else []
+        return {"audited": audited, "note": self.note,
+                "results": [r.to_json(frames=False) for r in results]}
