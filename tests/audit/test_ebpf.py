@@ -22,7 +22,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bigtcp_pcap.audit import ebpf
+from bigtcp_pcap.audit import ebpf, libbpf
 from bigtcp_pcap.audit.ebpf import (
     BpfTestRunOpts,
     EbpfAudit,
@@ -304,9 +304,9 @@ def test_not_root_is_one_line_exit_2(app, monkeypatch, tmp_path):
 
 def test_libbpf_missing_is_one_line_exit_2(app, monkeypatch, tmp_path):
     monkeypatch.setattr(ebpf.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(ebpf, "_lib", None)
-    monkeypatch.setattr(ebpf, "_LIB_NAMES", ("libbpf-not-here.so.1",))
-    monkeypatch.setattr(ebpf.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(libbpf, "_lib", None)
+    monkeypatch.setattr(libbpf, "_LIB_NAMES", ("libbpf-not-here.so.1",))
+    monkeypatch.setattr(libbpf.ctypes.util, "find_library", lambda name: None)
     res = cli(app, str(tmp_path / "x.o"), str(tmp_path / "x.pcap"))
     assert res.exit_code == 2
     assert "libbpf not found" in res.output and "apt-get install libbpf1" in res.output
