@@ -34,15 +34,15 @@ from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
 from .output import parquet as P
-from .output.audit import AUDIT_SCHEMA, audit_rows
+from .output.audit import audit_rows
 from .output.report import write_summary
-from .output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
+from .output.superpackets import superpackets_columns
+from .output.tables import BY_NAME, TABLES
 
 if TYPE_CHECKING:
     import pandas as pd
 
 SAMPLE_NAME = "sample-bigtcp.pcap"
-TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
 OUTPUT_FILES = ("summary.json", "report.html")  # an earlier run's, removed once this run's tables are in place
 
 
@@ -177,8 +177,9 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
     sinks: dict[str, P.TableSink] = {}
 
-    def open_sink(table: str, schema, background: bool = False) -> P.TableSink:
-        sinks[table] = P.TableSink(out / f"{table}.parquet", schema, background=background)
+    def open_sink(table: str) -> P.TableSink:
+        spec = BY_NAME[table]  # output/tables.py: name, schema, writer thread
+        sinks[table] = P.TableSink(out / f"{table}.parquet", spec.schema, background=spec.background)
         return sinks[table]
 
     stats = _Stats()
@@ -189,10 +190,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     batches = iter(reader)
     audit_results: list = []
     try:
-        sink_packets = open_sink("packets", P.PACKETS_SCHEMA, background=True) if packets else None
-        sink_findings = open_sink("findings", P.FINDINGS_SCHEMA)
-        sink_sp = open_sink("superpackets", SUPERPACKETS_SCHEMA)
-        sink_flows = open_sink("flows", P.FLOWS_SCHEMA)
+        sink_packets = open_sink("packets") if packets else None
+        sink_findings = open_sink("findings")
+        sink_sp = open_sink("superpackets")
+        sink_flows = open_sink("flows")
 
         def emit_superpackets(rows) -> None:
             # converted while their flows are in memory (the table buffers them into row groups)
@@ -256,7 +257,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
                 sink_findings.write_columns(notes)
                 stats.findings.update(notes["code"])
         audit_results = audits.finish()
-        sink_audit = open_sink("filter_audit", AUDIT_SCHEMA)  # always written, empty when clean
+        sink_audit = open_sink("filter_audit")  # always written, empty when clean
         for r in audit_results:
             sink_audit.write(audit_rows(r))
     except OutputError as e:  # a table failed after reading ended: the others are still finished

@@ -25,7 +25,6 @@ from typing import Any, Self
 from . import findings as F
 from .split import Part, PartReader, find_parts, idle_gap_ns, part_name, whole
 
-TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar", ".gz", ".bz2", ".xz", ".zst")
 
 
@@ -104,6 +103,8 @@ def run_task(task: dict) -> dict:
 
 def place(dataset: Path, name: str, src: Path, res: dict) -> list[str]:
     """Move a capture's tables into their partitions (replacing an earlier run's); mark a failed capture."""
+    from .output.tables import TABLES
+
     files = []
     for t in TABLES:
         d = dataset / t / f"capture={name}"

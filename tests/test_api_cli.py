@@ -14,8 +14,7 @@ import bigtcp_pcap
 from bigtcp_pcap.api import analyze, sample_capture
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.output.parquet import read_metadata
-
-TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+from bigtcp_pcap.output.tables import TABLES  # the registry (output/tables.py)
 
 
 def test_api_and_cli_give_identical_tables(tmp_path):

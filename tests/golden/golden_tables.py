@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 DIGESTS = Path(__file__).with_name("digests.json")
-TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
+from bigtcp_pcap.output.tables import TABLES  # the registry (output/tables.py)
+
 CONFIGS = {  # name -> analyze keywords
     "default": {},
     "big": {"gro_max_size": 185000, "gro_ipv4_max_size": 185000},

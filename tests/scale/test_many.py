@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from bigtcp_pcap import analyze, analyze_many
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.many import analyze_split
+from bigtcp_pcap.output.tables import TABLES  # the registry (output/tables.py)
 from bigtcp_pcap.split import find_parts, idle_gap_ns
 
-TABLES = ("packets", "superpackets", "flows", "findings", "filter_audit")
 SPLIT_FIXTURES = sorted(KERNEL.glob("*.pcap")) + sorted((KERNEL / "traced").glob("*.pcap"))
 LINKTYPES = sorted((KERNEL / "linktypes").glob("*.pcap"))
 
