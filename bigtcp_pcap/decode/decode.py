@@ -8,7 +8,7 @@ import numpy as np
 
 from ..capture.reader import RecordBatch
 from . import kernel as K
-from .schema import PacketBatch
+from .schema import BATCH_COLUMNS, PacketBatch
 
 
 @dataclass
@@ -36,35 +36,26 @@ class FindingRows:
 def decode(rb: RecordBatch) -> tuple[PacketBatch, FindingRows]:
     """Decode one record batch. Pure function of its input; no state carries between batches."""
     n = len(rb)
-    o64 = np.zeros((K.N_U64, n), np.uint64)
-    o32 = np.zeros((K.N_U32, n), np.uint32)
-    o16 = np.zeros((K.N_U16, n), np.uint16)
-    o8 = np.zeros((K.N_U8, n), np.uint8)
-    oi32 = np.zeros((K.N_I32, n), np.int32)
-    oi8 = np.zeros((1, n), np.int8)
+    out = {g: np.zeros((len(rows), n), dt) for (g, rows), dt in
+           zip(K.KERNEL_ROWS.items(), (np.uint64, np.uint32, np.uint16, np.uint8, np.int32, np.int8), strict=True)}
     src = np.zeros((n, 16), np.uint8)
     dst = np.zeros((n, 16), np.uint8)
     fcap = n * K.MAX_FINDINGS_PER_PACKET
     f_row = np.empty(fcap, np.int64)
     f_code = np.empty(fcap, np.int16)
     f_val = np.empty(fcap, np.int64)
-    nf = K.decode_kernel(rb.buf, rb.off, rb.caplen, rb.wirelen, rb.linktype, o64, o32, o16, o8, oi32, oi8,
-                         src, dst, f_row, f_code, f_val)
-    pb = PacketBatch(
-        frame=rb.frame, ts_ns=rb.ts_ns, caplen=rb.caplen, wirelen=rb.wirelen, linktype=rb.linktype,
-        if_id=rb.if_id, status=o16[K.U16_STATUS], tunnel=o8[K.U8_TUNNEL], l2_hash=o64[K.U64_L2_HASH],
-        l2_len=o16[K.U16_L2_LEN], vlan=o16[K.U16_VLAN], l3_off=oi32[K.I32_L3_OFF],
-        ip_version=o8[K.U8_IP_VERSION], ip_hdr_len=o16[K.U16_IP_HDR_LEN], ip_len_field=o32[K.U32_IP_LEN_FIELD],
-        ip_len=o32[K.U32_IP_LEN], bigtcp=o8[K.U8_BIGTCP], jumbo_len=o32[K.U32_JUMBO],
-        has_jumbo=o8[K.U8_HAS_JUMBO].view(np.bool_), src=src, dst=dst, ttl=o8[K.U8_TTL], tos=o8[K.U8_TOS],
-        ip_id=o16[K.U16_IP_ID], df=o8[K.U8_DF], ip_evil=o8[K.U8_EVIL], flow_label=o32[K.U32_FLOW_LABEL],
-        ext_hash=o64[K.U64_EXT_HASH], ext_len=o16[K.U16_EXT_LEN], l4_proto=o8[K.U8_L4_PROTO],
-        l4_off=oi32[K.I32_L4_OFF], sport=o16[K.U16_SPORT], dport=o16[K.U16_DPORT], tcp_seq=o32[K.U32_SEQ],
-        tcp_ack=o32[K.U32_ACK], tcp_flags=o16[K.U16_FLAGS], tcp_win=o16[K.U16_WIN],
-        tcp_hdr_len=o8[K.U8_TCP_HDR_LEN], tcp_payload_len=o32[K.U32_TCP_PAYLOAD],
-        tcp_opt_hash=o64[K.U64_OPT_HASH], tcp_mss=o16[K.U16_MSS], tcp_wscale=oi8[0],
-        tcp_sack_perm=o8[K.U8_SACK_PERM].view(np.bool_), tcp_sack_blocks=o8[K.U8_SACK_BLOCKS],
-        tcp_has_ts=o8[K.U8_HAS_TS].view(np.bool_), tcp_ts_val=o32[K.U32_TS_VAL], tcp_ts_ecr=o32[K.U32_TS_ECR],
-        udp_len=o32[K.U32_UDP_LEN], epb_flags=rb.epb_flags)
+    nf = K.decode_kernel(rb.buf, rb.off, rb.caplen, rb.wirelen, rb.linktype, out["u64"], out["u32"], out["u16"],
+                         out["u8"], out["i32"], out["i8"], src, dst, f_row, f_code, f_val)
+    addr = {"src": src, "dst": dst}
+    cols = {}
+    for c in BATCH_COLUMNS:  # schema.COLUMNS says where each column comes from
+        if c.origin == "record":
+            cols[c.name] = getattr(rb, c.name)
+        elif c.origin == "addr":
+            cols[c.name] = addr[c.name]
+        else:
+            row = out[c.origin][K.KERNEL_ROWS[c.origin].index(c.name)]
+            cols[c.name] = row.view(np.bool_) if c.dtype is np.bool_ else row
+    pb = PacketBatch(**cols)
     fr = FindingRows(rb.frame[f_row[:nf]], f_code[:nf].copy(), f_val[:nf].copy())
     return pb, fr

@@ -50,6 +50,7 @@ from .schema import (
     BIGTCP_NONE,
     BIGTCP_V4_TOTLEN0,
     BIGTCP_V6_PLEN0,
+    KERNEL_ROWS,
     ST_IP_FRAGMENT,
     ST_L4_UNKNOWN,
     ST_MALFORMED,
@@ -65,17 +66,27 @@ from .schema import (
     TUNNEL_IPIP,
     TUNNEL_NONE,
     TUNNEL_VXLAN,
+    kernel_row,
 )
 
-# row indices inside the grouped output arrays
-U64_L2_HASH, U64_EXT_HASH, U64_OPT_HASH, N_U64 = 0, 1, 2, 3
-(U32_IP_LEN_FIELD, U32_IP_LEN, U32_JUMBO, U32_FLOW_LABEL, U32_SEQ, U32_ACK, U32_TCP_PAYLOAD, U32_TS_VAL,
- U32_TS_ECR, U32_UDP_LEN, N_U32) = range(11)
-(U16_STATUS, U16_L2_LEN, U16_VLAN, U16_IP_HDR_LEN, U16_IP_ID, U16_EXT_LEN, U16_SPORT, U16_DPORT, U16_FLAGS,
- U16_WIN, U16_MSS, N_U16) = range(12)
-(U8_TUNNEL, U8_IP_VERSION, U8_BIGTCP, U8_HAS_JUMBO, U8_TTL, U8_TOS, U8_DF, U8_EVIL, U8_L4_PROTO, U8_TCP_HDR_LEN,
- U8_SACK_PERM, U8_SACK_BLOCKS, U8_HAS_TS, N_U8) = range(14)
-I32_L3_OFF, I32_L4_OFF, N_I32 = 0, 1, 2
+# row indices inside the grouped output arrays: from the column table (schema.COLUMNS), the one home of each column
+_R = kernel_row
+U64_L2_HASH, U64_EXT_HASH, U64_OPT_HASH = _R("l2_hash"), _R("ext_hash"), _R("tcp_opt_hash")
+U32_IP_LEN_FIELD, U32_IP_LEN, U32_JUMBO, U32_FLOW_LABEL = _R("ip_len_field"), _R("ip_len"), _R("jumbo_len"), \
+    _R("flow_label")
+U32_SEQ, U32_ACK, U32_TCP_PAYLOAD = _R("tcp_seq"), _R("tcp_ack"), _R("tcp_payload_len")
+U32_TS_VAL, U32_TS_ECR, U32_UDP_LEN = _R("tcp_ts_val"), _R("tcp_ts_ecr"), _R("udp_len")
+U16_STATUS, U16_L2_LEN, U16_VLAN, U16_IP_HDR_LEN = _R("status"), _R("l2_len"), _R("vlan"), _R("ip_hdr_len")
+U16_IP_ID, U16_EXT_LEN, U16_SPORT, U16_DPORT = _R("ip_id"), _R("ext_len"), _R("sport"), _R("dport")
+U16_FLAGS, U16_WIN, U16_MSS = _R("tcp_flags"), _R("tcp_win"), _R("tcp_mss")
+U8_TUNNEL, U8_IP_VERSION, U8_BIGTCP, U8_HAS_JUMBO = _R("tunnel"), _R("ip_version"), _R("bigtcp"), _R("has_jumbo")
+U8_TTL, U8_TOS, U8_DF, U8_EVIL, U8_L4_PROTO = _R("ttl"), _R("tos"), _R("df"), _R("ip_evil"), _R("l4_proto")
+U8_TCP_HDR_LEN, U8_SACK_PERM, U8_SACK_BLOCKS, U8_HAS_TS = _R("tcp_hdr_len"), _R("tcp_sack_perm"), \
+    _R("tcp_sack_blocks"), _R("tcp_has_ts")
+I32_L3_OFF, I32_L4_OFF = _R("l3_off"), _R("l4_off")
+I8_WSCALE = _R("tcp_wscale")
+N_U64, N_U32, N_U16, N_U8, N_I32, N_I8 = (len(KERNEL_ROWS[g]) for g in ("u64", "u32", "u16", "u8", "i32", "i8"))
+del _R
 
 MAX_FINDINGS_PER_PACKET = 8
 VXLAN_PORT, GENEVE_PORT = 4789, 6081
@@ -756,7 +767,7 @@ def _tcp(buf, l4, end, l4_true, i, o8, o16, o32, o64, oi8, f_row, f_code, f_val,
         if kind == 2 and ol == 4:
             o16[U16_MSS, i] = be16(buf, o + 2)
         elif kind == 3 and ol == 3:
-            oi8[0, i] = u8(buf, o + 2)
+            oi8[I8_WSCALE, i] = u8(buf, o + 2)
         elif kind == 4:
             o8[U8_SACK_PERM, i] = 1
         elif kind == 5:
@@ -806,7 +817,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
         lt = linktype[i]
         status = np.int64(0)
         nfi = 0  # findings for this packet
-        oi8[0, i] = -1
+        oi8[I8_WSCALE, i] = -1
         oi32[I32_L3_OFF, i] = -1
         oi32[I32_L4_OFF, i] = -1
         if wl < cl:

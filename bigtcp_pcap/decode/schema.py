@@ -19,7 +19,7 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 
 import numpy as np
 
@@ -55,59 +55,100 @@ STATUS_NAMES = ("truncated_l2", "truncated_ip", "truncated_l4", "not_ip", "unkno
                 "ip_fragment", "l4_not_decoded")  # index = bit number
 
 
-@dataclass
-class PacketBatch:
-    """Decoded columns of consecutive frames (see module docstring)."""
+# --- the column table -------------------------------------------------------------------------------------------
+# One home for every per-frame column: PacketBatch's fields, their dtypes, where the decoder produces them (a row
+# of one of its grouped output arrays, or the reader's record columns), and how packets.parquet writes them. The
+# kernel's row indices (kernel.py), decode()'s mapping (decode.py) and PACKETS_SCHEMA (output/parquet.py) are
+# derived from it. ``origin``: "record" (the reader's RecordBatch), "u64" / "u32" / "u16" / "u8" / "i32" / "i8"
+# (a row of the decoder's output array of that type), "addr" (the (n, 16) address arrays), "flows" (assigned by
+# the flow table: a packets.parquet column, not a PacketBatch field). ``parquet``: the column's Parquet type
+# ("ts": timestamp ns UTC, "dict:<names>": dictionary of the names tuple here) or None when not written; ``null``:
+# when the Parquet value is null (see output/parquet.py NULL_WHEN), None for never.
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: type
+    origin: str
+    doc: str
+    parquet: str | None = None
+    null: str | None = None
+    shape: tuple[int, ...] = ()
 
-    frame: np.ndarray  # uint64, 1-based, = Wireshark frame.number
-    ts_ns: np.ndarray  # int64, ns since the epoch, UTC
-    caplen: np.ndarray  # uint32
-    wirelen: np.ndarray  # uint32, the original length recorded by the capture
-    linktype: np.ndarray  # uint16
-    if_id: np.ndarray  # uint32, pcapng interface id (0 for pcap)
-    status: np.ndarray  # uint16, ST_* bits
-    tunnel: np.ndarray  # uint8, TUNNEL_*
-    l2_hash: np.ndarray  # uint64, digest of the (outer) link header incl. VLAN tags
-    l2_len: np.ndarray  # uint16, bytes of the (outer) link header
-    vlan: np.ndarray  # uint16, outermost VLAN id, 0xFFFF when untagged
-    l3_off: np.ndarray  # int32, offset of the innermost IP header in the frame, -1 if none
-    ip_version: np.ndarray  # uint8, 0 / 4 / 6
-    ip_hdr_len: np.ndarray  # uint16, bytes from the IP header to L4 (IPv4 IHL*4, IPv6 40 + ext headers)
-    ip_len_field: np.ndarray  # uint32, the raw tot_len / payload_len field as found
-    ip_len: np.ndarray  # uint32, true L3 length (IPv4 total length or 40 + IPv6 payload)
-    bigtcp: np.ndarray  # uint8, BIGTCP_*
-    jumbo_len: np.ndarray  # uint32, the Jumbo Payload value, 0 when absent
-    has_jumbo: np.ndarray  # bool
-    src: np.ndarray  # uint8 (n, 16)
-    dst: np.ndarray  # uint8 (n, 16)
-    ttl: np.ndarray  # uint8, IPv4 TTL or IPv6 hop limit
-    tos: np.ndarray  # uint8, IPv4 TOS or IPv6 traffic class (incl. ECN bits)
-    ip_id: np.ndarray  # uint16 (IPv4)
-    df: np.ndarray  # uint8 (IPv4 DF bit)
-    ip_evil: np.ndarray  # uint8 (IPv4 reserved flag bit)
-    flow_label: np.ndarray  # uint32 (IPv6)
-    ext_hash: np.ndarray  # uint64, digest of all IPv6 extension header bytes (0 when none)
-    ext_len: np.ndarray  # uint16, bytes of IPv6 extension headers
-    l4_proto: np.ndarray  # uint8, protocol number reached at the end of the header chain
-    l4_off: np.ndarray  # int32, offset of the L4 header in the frame, -1 if none
-    sport: np.ndarray  # uint16
-    dport: np.ndarray  # uint16
-    tcp_seq: np.ndarray  # uint32
-    tcp_ack: np.ndarray  # uint32
-    tcp_flags: np.ndarray  # uint16, TH_* bits: the 12-bit flag word (reserved bits, AE, CWR..FIN)
-    tcp_win: np.ndarray  # uint16 (raw, unscaled)
-    tcp_hdr_len: np.ndarray  # uint8, doff * 4
-    tcp_payload_len: np.ndarray  # uint32, true TCP payload (from ip_len, never caplen)
-    tcp_opt_hash: np.ndarray  # uint64, digest of the option bytes (0 when no options)
-    tcp_mss: np.ndarray  # uint16, MSS option, 0 when absent
-    tcp_wscale: np.ndarray  # int8, window scale option, -1 when absent
-    tcp_sack_perm: np.ndarray  # bool
-    tcp_sack_blocks: np.ndarray  # uint8, number of SACK blocks
-    tcp_has_ts: np.ndarray  # bool
-    tcp_ts_val: np.ndarray  # uint32
-    tcp_ts_ecr: np.ndarray  # uint32
-    udp_len: np.ndarray  # uint32, true UDP length (the field, or from ip_len when the field is 0)
-    epb_flags: np.ndarray  # uint32, the pcapng epb_flags option passed through from the reader (0 when absent)
+
+C = Column
+COLUMNS: tuple[Column, ...] = (
+    C("frame", np.uint64, "record", "1-based, = Wireshark frame.number", "u64"),
+    C("ts_ns", np.int64, "record", "ns since the epoch, UTC", "ts", "ts_unknown"),
+    C("caplen", np.uint32, "record", "bytes captured", "u32"),
+    C("wirelen", np.uint32, "record", "the original length recorded by the capture", "u32"),
+    C("linktype", np.uint16, "record", "the frame's link type (pcapng: its interface's)", "u16"),
+    C("if_id", np.uint32, "record", "pcapng interface id (0 for pcap)", "u32"),
+    C("flow_id", np.int64, "flows", "the flow table's id of the flow direction", "i64", "no_flow"),
+    C("tunnel", np.uint8, "u8", "TUNNEL_* of the innermost tunnel", "dict:TUNNEL_NAMES"),
+    C("ip_version", np.uint8, "u8", "0 / 4 / 6", "u8", "no_ip"),
+    C("ip_len", np.uint32, "u32", "true L3 length (IPv4 total length or 40 + IPv6 payload)", "u32", "no_ip"),
+    C("ip_len_field", np.uint32, "u32", "the raw tot_len / payload_len field as found", "u32", "no_ip"),
+    C("bigtcp", np.uint8, "u8", "BIGTCP_*", "dict:BIGTCP_NAMES"),
+    C("jumbo_len", np.uint32, "u32", "the Jumbo Payload value, 0 when absent", "u32", "no_jumbo"),
+    C("ext_len", np.uint16, "u16", "bytes of IPv6 extension headers", "u16"),
+    C("ttl", np.uint8, "u8", "IPv4 TTL or IPv6 hop limit", "u8"),
+    C("tos", np.uint8, "u8", "IPv4 TOS or IPv6 traffic class (incl. ECN bits)", "u8"),
+    C("ip_id", np.uint16, "u16", "IPv4 identification", "u16"),
+    C("flow_label", np.uint32, "u32", "IPv6 flow label", "u32"),
+    C("l4_proto", np.uint8, "u8", "protocol number reached at the end of the header chain", "u8", "no_ip"),
+    C("sport", np.uint16, "u16", "TCP/UDP source port", "u16", "not_l4"),
+    C("dport", np.uint16, "u16", "TCP/UDP destination port", "u16", "not_l4"),
+    C("tcp_seq", np.uint32, "u32", "raw sequence number", "u32", "not_tcp"),
+    C("tcp_ack", np.uint32, "u32", "raw acknowledgment number", "u32", "not_tcp"),
+    C("tcp_flags", np.uint16, "u16", "TH_* bits: the 12-bit flag word (reserved bits, AE, CWR..FIN)", "u16",
+      "not_tcp"),
+    C("tcp_win", np.uint16, "u16", "raw window (unscaled)", "u16", "not_tcp"),
+    C("tcp_hdr_len", np.uint8, "u8", "doff * 4", "u8", "not_tcp"),
+    C("tcp_payload_len", np.uint32, "u32", "true TCP payload (from ip_len, never caplen)", "u32", "not_tcp"),
+    C("tcp_mss", np.uint16, "u16", "MSS option, 0 when absent", "u16", "zero"),
+    C("tcp_ts_val", np.uint32, "u32", "timestamp option TSval", "u32", "no_ts"),
+    C("udp_len", np.uint32, "u32", "true UDP length (the field, or from ip_len when the field is 0)", "u32",
+      "not_udp"),
+    C("status", np.uint16, "u16", "ST_* bits: what the decoder could not do", "u16"),
+    C("epb_flags", np.uint32, "record", "the pcapng epb_flags option (0 when absent; bits 9-11 checksum / GSO)",
+      "u32"),
+    # --- decoder columns the stages use, not written to packets.parquet ---
+    C("l2_hash", np.uint64, "u64", "digest of the (outer) link header incl. VLAN tags"),
+    C("l2_len", np.uint16, "u16", "bytes of the (outer) link header"),
+    C("vlan", np.uint16, "u16", "outermost VLAN id, 0xFFFF when untagged"),
+    C("l3_off", np.int32, "i32", "offset of the innermost IP header in the frame, -1 if none"),
+    C("ip_hdr_len", np.uint16, "u16", "bytes from the IP header to L4 (IPv4 IHL*4, IPv6 40 + ext headers)"),
+    C("has_jumbo", np.bool_, "u8", "a Jumbo Payload option was found"),
+    C("src", np.uint8, "addr", "source address, 16 bytes (IPv4 in the first 4)", shape=(16,)),
+    C("dst", np.uint8, "addr", "destination address, 16 bytes (IPv4 in the first 4)", shape=(16,)),
+    C("df", np.uint8, "u8", "IPv4 DF bit"),
+    C("ip_evil", np.uint8, "u8", "IPv4 reserved flag bit"),
+    C("ext_hash", np.uint64, "u64", "digest of all IPv6 extension header bytes (0 when none)"),
+    C("l4_off", np.int32, "i32", "offset of the L4 header in the frame, -1 if none"),
+    C("tcp_opt_hash", np.uint64, "u64", "digest of the option bytes (0 when no options)"),
+    C("tcp_wscale", np.int8, "i8", "window scale option, -1 when absent"),
+    C("tcp_sack_perm", np.bool_, "u8", "SACK-permitted option present"),
+    C("tcp_sack_blocks", np.uint8, "u8", "number of SACK blocks"),
+    C("tcp_has_ts", np.bool_, "u8", "timestamp option present"),
+    C("tcp_ts_ecr", np.uint32, "u32", "timestamp option TSecr"),
+)
+del C
+BATCH_COLUMNS: tuple[Column, ...] = tuple(c for c in COLUMNS if c.origin != "flows")
+COLUMN_TYPES: dict[str, tuple[type, tuple[int, ...]]] = {c.name: (c.dtype, c.shape) for c in BATCH_COLUMNS}
+KERNEL_ROWS: dict[str, tuple[str, ...]] = {g: tuple(c.name for c in BATCH_COLUMNS if c.origin == g)
+                                           for g in ("u64", "u32", "u16", "u8", "i32", "i8")}
+
+
+def kernel_row(name: str) -> int:
+    """Row of column ``name`` in the decoder's output array of its type (kernel.py's U32_* etc. constants)."""
+    for rows in KERNEL_ROWS.values():
+        if name in rows:
+            return rows.index(name)
+    raise KeyError(name)
+
+
+class _Batch:
+    """The methods of PacketBatch (its fields come from COLUMNS)."""
 
     def __len__(self) -> int:
         return int(self.frame.shape[0])
@@ -128,7 +169,7 @@ class PacketBatch:
 
     def take(self, idx: np.ndarray) -> PacketBatch:
         """Rows selected by a boolean mask or an index array."""
-        return PacketBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        return type(self)(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
 
     @classmethod
     def concat(cls, batches: list[PacketBatch]) -> PacketBatch:
@@ -140,54 +181,7 @@ class PacketBatch:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-COLUMN_TYPES: dict[str, tuple[type, tuple[int, ...]]] = {
-    "frame": (np.uint64, ()),
-    "ts_ns": (np.int64, ()),
-    "caplen": (np.uint32, ()),
-    "wirelen": (np.uint32, ()),
-    "linktype": (np.uint16, ()),
-    "if_id": (np.uint32, ()),
-    "status": (np.uint16, ()),
-    "tunnel": (np.uint8, ()),
-    "l2_hash": (np.uint64, ()),
-    "l2_len": (np.uint16, ()),
-    "vlan": (np.uint16, ()),
-    "l3_off": (np.int32, ()),
-    "ip_version": (np.uint8, ()),
-    "ip_hdr_len": (np.uint16, ()),
-    "ip_len_field": (np.uint32, ()),
-    "ip_len": (np.uint32, ()),
-    "bigtcp": (np.uint8, ()),
-    "jumbo_len": (np.uint32, ()),
-    "has_jumbo": (np.bool_, ()),
-    "src": (np.uint8, (16,)),
-    "dst": (np.uint8, (16,)),
-    "ttl": (np.uint8, ()),
-    "tos": (np.uint8, ()),
-    "ip_id": (np.uint16, ()),
-    "df": (np.uint8, ()),
-    "ip_evil": (np.uint8, ()),
-    "flow_label": (np.uint32, ()),
-    "ext_hash": (np.uint64, ()),
-    "ext_len": (np.uint16, ()),
-    "l4_proto": (np.uint8, ()),
-    "l4_off": (np.int32, ()),
-    "sport": (np.uint16, ()),
-    "dport": (np.uint16, ()),
-    "tcp_seq": (np.uint32, ()),
-    "tcp_ack": (np.uint32, ()),
-    "tcp_flags": (np.uint16, ()),
-    "tcp_win": (np.uint16, ()),
-    "tcp_hdr_len": (np.uint8, ()),
-    "tcp_payload_len": (np.uint32, ()),
-    "tcp_opt_hash": (np.uint64, ()),
-    "tcp_mss": (np.uint16, ()),
-    "tcp_wscale": (np.int8, ()),
-    "tcp_sack_perm": (np.bool_, ()),
-    "tcp_sack_blocks": (np.uint8, ()),
-    "tcp_has_ts": (np.bool_, ()),
-    "tcp_ts_val": (np.uint32, ()),
-    "tcp_ts_ecr": (np.uint32, ()),
-    "udp_len": (np.uint32, ()),
-    "epb_flags": (np.uint32, ()),
-}
+PacketBatch = make_dataclass(
+    "PacketBatch", [(c.name, np.ndarray) for c in BATCH_COLUMNS], bases=(_Batch,),
+    namespace={"__doc__": "Decoded columns of consecutive frames (see the module docstring and COLUMNS)."})
+PacketBatch.__module__ = __name__

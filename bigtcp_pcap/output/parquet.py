@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..decode.schema import BIGTCP_NAMES, TUNNEL_NAMES, PacketBatch
+from ..decode.schema import BIGTCP_NAMES, COLUMNS, TUNNEL_NAMES, PacketBatch
 from ..errors import OutputError
 from . import arrow as A
 
@@ -32,17 +32,17 @@ TS_UNKNOWN = -(1 << 63)  # capture.walk.TS_UNKNOWN: a timestamp that did not fit
 BIGTCP_TYPE = pa.dictionary(pa.int8(), pa.string())
 TS_TYPE = pa.timestamp("ns", tz="UTC")
 
-PACKETS_SCHEMA = pa.schema([
-    ("frame", pa.uint64()), ("ts_ns", TS_TYPE), ("caplen", pa.uint32()), ("wirelen", pa.uint32()),
-    ("linktype", pa.uint16()), ("if_id", pa.uint32()), ("flow_id", pa.int64()), ("tunnel", BIGTCP_TYPE),
-    ("ip_version", pa.uint8()), ("ip_len", pa.uint32()), ("ip_len_field", pa.uint32()), ("bigtcp", BIGTCP_TYPE),
-    ("jumbo_len", pa.uint32()), ("ext_len", pa.uint16()), ("ttl", pa.uint8()), ("tos", pa.uint8()),
-    ("ip_id", pa.uint16()), ("flow_label", pa.uint32()), ("l4_proto", pa.uint8()), ("sport", pa.uint16()),
-    ("dport", pa.uint16()), ("tcp_seq", pa.uint32()), ("tcp_ack", pa.uint32()), ("tcp_flags", pa.uint16()),
-    ("tcp_win", pa.uint16()), ("tcp_hdr_len", pa.uint8()), ("tcp_payload_len", pa.uint32()),
-    ("tcp_mss", pa.uint16()), ("tcp_ts_val", pa.uint32()), ("udp_len", pa.uint32()), ("status", pa.uint16()),
-    ("epb_flags", pa.uint32()),  # pcapng epb_flags as captured (bits 9-11: checksum / GSO, pcapng PR #144); 0 if none
-])
+_TYPES = {"u64": pa.uint64(), "u32": pa.uint32(), "u16": pa.uint16(), "u8": pa.uint8(), "i64": pa.int64(),
+          "ts": TS_TYPE}
+_NAMES = {"TUNNEL_NAMES": TUNNEL_NAMES, "BIGTCP_NAMES": BIGTCP_NAMES}
+
+
+def _parquet_type(t: str) -> pa.DataType:
+    return BIGTCP_TYPE if t.startswith("dict:") else _TYPES[t]
+
+
+# packets.parquet: the columns of the column table (decode/schema.py COLUMNS) that have a Parquet type, in its order
+PACKETS_SCHEMA = pa.schema([(c.name, _parquet_type(c.parquet)) for c in COLUMNS if c.parquet is not None])
 
 FLOWS_SCHEMA = pa.schema([
     ("flow_id", pa.int64()), ("ip_version", pa.uint8()), ("src", pa.string()), ("dst", pa.string()),
@@ -70,24 +70,26 @@ def _dict_array(codes: np.ndarray, names: tuple[str, ...]) -> pa.Array:
 
 
 def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
+    """packets.parquet rows of a batch: each column as the column table declares it (type, when null)."""
     l4 = pb.l4_off >= 0
     is_tcp = l4 & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)  # a TCP header cut by the snaplen: nulls
-    not_tcp = ~is_tcp
-    not_l4 = ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17)))
-    no_ip = pb.ip_version == 0
-    cols = {  # name: values or (values, null mask)
-        "frame": pb.frame, "ts_ns": (pb.ts_ns, pb.ts_ns == TS_UNKNOWN), "caplen": pb.caplen, "wirelen": pb.wirelen, "linktype": pb.linktype,
-        "if_id": pb.if_id, "flow_id": (flow_id, flow_id < 0), "tunnel": _dict_array(pb.tunnel, TUNNEL_NAMES),
-        "ip_version": (pb.ip_version, no_ip), "ip_len": (pb.ip_len, no_ip), "ip_len_field": (pb.ip_len_field, no_ip),
-        "bigtcp": _dict_array(pb.bigtcp, BIGTCP_NAMES), "jumbo_len": (pb.jumbo_len, ~pb.has_jumbo),
-        "ext_len": pb.ext_len, "ttl": pb.ttl, "tos": pb.tos, "ip_id": pb.ip_id, "flow_label": pb.flow_label,
-        "l4_proto": (pb.l4_proto, no_ip), "sport": (pb.sport, not_l4), "dport": (pb.dport, not_l4),
-        "tcp_seq": (pb.tcp_seq, not_tcp), "tcp_ack": (pb.tcp_ack, not_tcp), "tcp_flags": (pb.tcp_flags, not_tcp),
-        "tcp_win": (pb.tcp_win, not_tcp), "tcp_hdr_len": (pb.tcp_hdr_len, not_tcp),
-        "tcp_payload_len": (pb.tcp_payload_len, not_tcp), "tcp_mss": (pb.tcp_mss, pb.tcp_mss == 0),
-        "tcp_ts_val": (pb.tcp_ts_val, ~pb.tcp_has_ts), "udp_len": (pb.udp_len, ~(l4 & (pb.l4_proto == 17))),
-        "status": pb.status, "epb_flags": pb.epb_flags,
+    null_when = {  # the ``null`` vocabulary of schema.Column
+        "ts_unknown": lambda: pb.ts_ns == TS_UNKNOWN, "no_flow": lambda: flow_id < 0,
+        "no_ip": lambda: pb.ip_version == 0, "no_jumbo": lambda: ~pb.has_jumbo,
+        "not_l4": lambda: ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))), "not_tcp": lambda: ~is_tcp,
+        "zero": None, "no_ts": lambda: ~pb.tcp_has_ts, "not_udp": lambda: ~(l4 & (pb.l4_proto == 17)),
     }
+    cols = {}  # name: values or (values, null mask)
+    for c in COLUMNS:
+        if c.parquet is None:
+            continue
+        v = flow_id if c.origin == "flows" else getattr(pb, c.name)
+        if c.parquet.startswith("dict:"):
+            cols[c.name] = _dict_array(v, _NAMES[c.parquet[5:]])
+        elif c.null is None:
+            cols[c.name] = v
+        else:
+            cols[c.name] = (v, v == 0 if c.null == "zero" else null_when[c.null]())
     return A.table(cols, PACKETS_SCHEMA)
 
 
