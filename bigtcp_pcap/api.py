@@ -148,157 +148,186 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     5-tuple later is a new flow (new row, new flow_id). Recorded in the metadata (``params.flows``).
     """
     packets = packets or wireshark_sidecar
-    if source is None:
-        source = sample_capture()
     if gro is not None and gro_params:
         raise TypeError(f"analyze() got both gro= and GRO keywords ({', '.join(sorted(gro_params))}): "
                         "give one, e.g. gro=dataclasses.replace(gro, ...)")
-    cfg = gro if gro is not None else GroConfig(**gro_params)
-    gro_stage = GroStage(cfg, gro_engine)  # options are checked before the output directory is touched
-    audits = FilterAudits(filters, enabled=audit)
-    reader = CaptureReader(source, name=name, sha256=sha256)
-    info = reader.info
-    tmp = None
-    if outdir is None:
-        # removed when the Analysis is garbage-collected (or at exit): the tables live as long as it does
-        out = Path(tempfile.mkdtemp(prefix="bigtcp-pcap-"))
-        tmp = out
-    else:
-        out = Path(outdir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            reader.src.close()
-            raise OutputError.from_os(str(out), e, "cannot make the output directory") from None
-    flows = FlowTable(idle_timeout_ns=round(flow_idle_timeout_s * 1e9),
-                      close_timeout_ns=round(flow_close_timeout_s * 1e9))
-    flow_params = {"idle_timeout_s": flow_idle_timeout_s, "close_timeout_s": flow_close_timeout_s}
-    flow_sum = _FlowSummary()
-    # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
-    sinks: dict[str, P.TableSink] = {}
-
-    def open_sink(table: str) -> P.TableSink:
-        spec = BY_NAME[table]  # output/tables.py: name, schema, writer thread
-        sinks[table] = P.TableSink(out / f"{table}.parquet", spec.schema, background=spec.background)
-        return sinks[table]
-
-    stats = _Stats()
-    tally = D.SuperPacketTally(cfg)
-    whatif = D.WhatIfInput()
-    error: BigtcpError | None = None  # why the tables are partial
-    stop: BaseException | None = None  # raised again once the tables are closed (interrupt, output fault)
-    batches = iter(reader)
-    audit_results: list = []
+    run = _Run(sample_capture() if source is None else source, outdir, name=name, sha256=sha256,
+               cfg=gro if gro is not None else GroConfig(**gro_params), gro_engine=gro_engine, filters=filters,
+               audit=audit, packets=packets, flow_timeouts_s=(flow_idle_timeout_s, flow_close_timeout_s))
     try:
-        sink_packets = open_sink("packets") if packets else None
-        sink_findings = open_sink("findings")
-        sink_sp = open_sink("superpackets")
-        sink_flows = open_sink("flows")
+        run.stream(progress)  # decode -> flows -> GRO -> audit -> sinks, batch by batch; faults recorded
+        run.finish()  # the stages' last rows, notes, the audit table
+    except OutputError as e:  # a table failed after reading ended: the others are still finished
+        run.stop, run.error = run.stop or e, run.error or e
+    except BaseException:  # a usage error (a bad filter) or a crash: nothing replaces the earlier tables
+        run.abort()
+        raise
+    return run.close(wireshark_sidecar)  # tables renamed into place, summary.json; raises a stop it recorded
 
-        def emit_superpackets(rows) -> None:
-            # converted while their flows are in memory (the table buffers them into row groups)
-            if len(rows):
-                D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
-                flows.add_superpackets(rows.flow_id, rows.payload_len)
-                stats.add_superpackets(rows)
-                tally.add(rows)
-                if not sink_sp.failed:
-                    sink_sp.write_columns(superpackets_columns(rows, flows, gro_stage.labels))
 
-        def emit_flows(cols) -> None:
-            if cols is not None:
-                flow_sum.add(cols)
-                if not sink_flows.failed:
-                    sink_flows.write_columns(cols)
+class _Run:
+    """The state of one ``analyze`` run: the reader, the stages, the sinks, and why the tables are partial."""
 
-        def partial_row(code: int, frame: int, text: str) -> None:
-            if not sink_findings.failed:
-                sink_findings.write_columns({"frame": [frame], "code": [F.BY_ID[code].code],
-                                             "severity": [F.BY_ID[code].severity], "message": [text]})
-            stats.findings[F.BY_ID[code].code] += 1
+    def __init__(self, source, outdir, *, name, sha256, cfg: GroConfig, gro_engine: str, filters, audit: bool,
+                 packets: bool, flow_timeouts_s: tuple[float, float]) -> None:
+        self.cfg, self.gro_engine, self.filters, self.packets = cfg, gro_engine, filters, packets
+        self.gro_stage = GroStage(cfg, gro_engine)  # options are checked before the output directory is touched
+        self.audits = FilterAudits(filters, enabled=audit)
+        self.reader = CaptureReader(source, name=name, sha256=sha256)
+        self.info = self.reader.info
+        self.tmp = None
+        if outdir is None:
+            # removed when the Analysis is garbage-collected (or at exit): the tables live as long as it does
+            self.out = Path(tempfile.mkdtemp(prefix="bigtcp-pcap-"))
+            self.tmp = self.out
+        else:
+            self.out = Path(outdir)
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                self.reader.src.close()
+                raise OutputError.from_os(str(self.out), e, "cannot make the output directory") from None
+        idle, close = flow_timeouts_s
+        self.flows = FlowTable(idle_timeout_ns=round(idle * 1e9), close_timeout_ns=round(close * 1e9))
+        self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
+        self.flow_sum = _FlowSummary()
+        self.stats = _Stats()
+        self.tally = D.SuperPacketTally(cfg)
+        self.whatif = D.WhatIfInput()
+        self.error: BigtcpError | None = None  # why the tables are partial
+        self.stop: BaseException | None = None  # raised again once the tables are closed (interrupt, output fault)
+        self.audit_results: list = []
+        # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
+        self.sinks: dict[str, P.TableSink] = {}
+        self.sink_packets = self.open_sink("packets") if packets else None
+        self.sink_findings = self.open_sink("findings")
+        self.sink_sp = self.open_sink("superpackets")
+        self.sink_flows = self.open_sink("flows")
 
+    def open_sink(self, table: str) -> P.TableSink:
+        spec = BY_NAME[table]  # output/tables.py: name, schema, writer thread
+        try:
+            self.sinks[table] = P.TableSink(self.out / f"{table}.parquet", spec.schema, background=spec.background)
+        except BaseException:
+            self.abort()
+            raise
+        return self.sinks[table]
+
+    def emit_superpackets(self, rows) -> None:
+        # converted while their flows are in memory (the table buffers them into row groups)
+        if len(rows):
+            D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
+            self.flows.add_superpackets(rows.flow_id, rows.payload_len)
+            self.stats.add_superpackets(rows)
+            self.tally.add(rows)
+            if not self.sink_sp.failed:
+                self.sink_sp.write_columns(superpackets_columns(rows, self.flows, self.gro_stage.labels))
+
+    def emit_flows(self, cols) -> None:
+        if cols is not None:
+            self.flow_sum.add(cols)
+            if not self.sink_flows.failed:
+                self.sink_flows.write_columns(cols)
+
+    def partial_row(self, code: int, frame: int, text: str) -> None:
+        if not self.sink_findings.failed:
+            self.sink_findings.write_columns({"frame": [frame], "code": [F.BY_ID[code].code],
+                                              "severity": [F.BY_ID[code].severity], "message": [text]})
+        self.stats.findings[F.BY_ID[code].code] += 1
+
+    def stream(self, progress) -> None:
+        """Every batch through the stages; a damaged capture, an interrupt or an output fault ends the stream and
+        is recorded (the tables before it are kept, marked partial)."""
+        info, flows, gro_stage = self.info, self.flows, self.gro_stage
+        batches = iter(self.reader)
         try:
             for rb in batches:
                 pb, fr = decode(rb)
                 fid = flows.assign(pb)
                 fr = _count_unknown_linktypes(fr, info)
-                stats.add(pb, fr)
+                self.stats.add(pb, fr)
                 if len(fr):
-                    sink_findings.write_columns(_finding_columns(fr))
-                if sink_packets is not None:
-                    sink_packets.write(P.packets_table(pb, fid))
-                emit_superpackets(gro_stage.feed(rb, pb, fid))
-                whatif.add(pb, fid, gro_stage.last_receivers)
+                    self.sink_findings.write_columns(_finding_columns(fr))
+                if self.sink_packets is not None:
+                    self.sink_packets.write(P.packets_table(pb, fid))
+                self.emit_superpackets(gro_stage.feed(rb, pb, fid))
+                self.whatif.add(pb, fid, gro_stage.last_receivers)
                 if len(pb):  # ended flows leave memory (those with GRO rows still to come wait)
-                    emit_flows(flows.expire(int(pb.ts_ns.max()), gro_stage.held_flow_ids()))
+                    self.emit_flows(flows.expire(int(pb.ts_ns.max()), gro_stage.held_flow_ids()))
                     gro_stage.recycle(flows.in_memory)  # and the GRO engine forgets their keys
-                audits.feed(rb, pb, fid)
+                self.audits.feed(rb, pb, fid)
                 if progress is not None:
-                    progress(reader.src.bytes_read, info.size)
+                    progress(self.reader.src.bytes_read, info.size)
         except CaptureError as e:
-            error = e
-            partial_row(F.CAPTURE_PARTIAL, e.frame or 0, e.one_line())
+            self.error = e
+            self.partial_row(F.CAPTURE_PARTIAL, e.frame or 0, e.one_line())
         except (KeyboardInterrupt, Interrupted) as e:
-            stop = e
+            self.stop = e
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-            error = Interrupted(signum, f"the tables hold frames 1-{info.packets}")
-            partial_row(F.INTERRUPTED, info.packets + 1, F.message(F.INTERRUPTED, signal.Signals(signum).name))
+            self.error = Interrupted(signum, f"the tables hold frames 1-{info.packets}")
+            self.partial_row(F.INTERRUPTED, info.packets + 1,
+                             F.message(F.INTERRUPTED, signal.Signals(signum).name))
         except OutputError as e:  # the table that failed is gone; the others are finished, marked partial
-            stop = error = e
-            partial_row(F.OUTPUT_FAILED, info.packets + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
+            self.stop = self.error = e
+            self.partial_row(F.OUTPUT_FAILED, info.packets + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
         finally:
             batches.close()
-        emit_superpackets(gro_stage.finish())
-        emit_flows(flows.expire(0, everything=True))
-        if not sink_findings.failed:
-            _suspect_filtered_capture(flow_sum, stats, sink_findings)
-            notes = info.notes.rows()
-            if notes["frame"]:
-                sink_findings.write_columns(notes)
-                stats.findings.update(notes["code"])
-        audit_results = audits.finish()
-        sink_audit = open_sink("filter_audit")  # always written, empty when clean
-        for r in audit_results:
-            sink_audit.write(audit_rows(r))
-    except OutputError as e:  # a table failed after reading ended: the others are still finished
-        stop = stop or e
-        error = error or e
-    except BaseException:  # a usage error (a bad filter) or a crash: nothing replaces the earlier tables
-        for sink in sinks.values():
-            sink.abort()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    params = {"gro": cfg.to_metadata(), "gro_engine": gro_engine, "packets": packets,
-              "filters": [r.expr for r in audit_results], "default_filters": filters is None, "flows": flow_params}
-    meta = {
-        "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
-        "source_sha256": info.sha256, "format": info.format, "compression": info.compression,
-        "linktypes": sorted(info.linktypes), "snaplen": sorted(info.snaplens), "packet_count": info.packets,
-        "first_ts_ns": info.first_ts_ns, "params": params, "partial": error is not None,
-        "error": error.one_line() if error else None,
-    }
-    out_err = _close_sinks(sinks, meta, out if tmp is None else None)
-    if stop is not None or out_err is not None:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        _raise_stop(stop, error, out_err, sinks, out)
-    summary = stats.summary(info, flow_sum, error, cfg, gro_stage.labels)
-    summary["filter_audit"] = audits.summary(audit_results)
-    summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
-    summary["capture_kind"] = D.infer_capture(tally, cfg, stats.payload_packets)
-    summary["diagnosis"] = D.diagnose(tally, flow_sum.columns(), cfg, whatif, gro_engine)
-    whatif.batches.clear()
-    write_summary(out / "summary.json", summary)
-    result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
-    if tmp is not None:
-        result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)
-    if wireshark_sidecar:
-        from .wireshark.build import write_analysis_sidecar
 
-        stem = os.path.basename(info.name) if info.name not in ("<stdin>", "<stream>") else "stdin"
-        result.sidecar = write_analysis_sidecar(out / f"{stem}.bigtcp.tsv", analysis=result)
-    return result
+    def finish(self) -> None:
+        """The rows the stages still hold, the capture's notes, and the filter-audit table."""
+        self.emit_superpackets(self.gro_stage.finish())
+        self.emit_flows(self.flows.expire(0, everything=True))
+        if not self.sink_findings.failed:
+            _suspect_filtered_capture(self.flow_sum, self.stats, self.sink_findings)
+            notes = self.info.notes.rows()
+            if notes["frame"]:
+                self.sink_findings.write_columns(notes)
+                self.stats.findings.update(notes["code"])
+        self.audit_results = self.audits.finish()
+        sink_audit = self.open_sink("filter_audit")  # always written, empty when clean
+        for r in self.audit_results:
+            sink_audit.write(audit_rows(r))
+
+    def abort(self) -> None:
+        for sink in self.sinks.values():
+            sink.abort()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def close(self, wireshark_sidecar: bool) -> Analysis:
+        """Close the tables (renamed into place with their metadata), write the summary, return the Analysis."""
+        info, out, error, cfg = self.info, self.out, self.error, self.cfg
+        params = {"gro": cfg.to_metadata(), "gro_engine": self.gro_engine, "packets": self.packets,
+                  "filters": [r.expr for r in self.audit_results], "default_filters": self.filters is None,
+                  "flows": self.flow_params}
+        meta = {
+            "tool_version": __version__, "source_name": os.path.basename(info.name), "source_size": info.size,
+            "source_sha256": info.sha256, "format": info.format, "compression": info.compression,
+            "linktypes": sorted(info.linktypes), "snaplen": sorted(info.snaplens), "packet_count": info.packets,
+            "first_ts_ns": info.first_ts_ns, "params": params, "partial": error is not None,
+            "error": error.one_line() if error else None,
+        }
+        out_err = _close_sinks(self.sinks, meta, out if self.tmp is None else None)
+        if self.stop is not None or out_err is not None:
+            if self.tmp is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            _raise_stop(self.stop, error, out_err, self.sinks, out)
+        summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels)
+        summary["filter_audit"] = self.audits.summary(self.audit_results)
+        summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
+        summary["capture_kind"] = D.infer_capture(self.tally, cfg, self.stats.payload_packets)
+        summary["diagnosis"] = D.diagnose(self.tally, self.flow_sum.columns(), cfg, self.whatif, self.gro_engine)
+        self.whatif.batches.clear()
+        write_summary(out / "summary.json", summary)
+        result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)
+        if self.tmp is not None:
+            result._tmp = weakref.finalize(result, shutil.rmtree, self.tmp, ignore_errors=True)
+        if wireshark_sidecar:
+            from .wireshark.build import write_analysis_sidecar
+
+            stem = os.path.basename(info.name) if info.name not in ("<stdin>", "<stream>") else "stdin"
+            result.sidecar = write_analysis_sidecar(out / f"{stem}.bigtcp.tsv", analysis=result)
+        return result
 
 
 def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None) -> OutputError | None:
