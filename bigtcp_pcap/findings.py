@@ -65,6 +65,8 @@ _CODES = [
     Code(66, "output.write_failed", ERROR, "the output failed ({value}): the tables hold the frames read before it"),
     Code(67, "capture.ts_out_of_range", WARN, "timestamps of interface {value} do not fit int64 nanoseconds since "
          "1970 (years 1677-2262): left null in packets.parquet"),
+    Code(68, "capture.empty", NOTE, "the capture file is empty ({value} bytes): no packets to analyse (tshark "
+         "reads it as a capture of none)"),
     Code(61, "capture.tcp_port_filter_suspected", WARN, "IPv6 TCP flows show {value} bytes of sequence gaps and no "
          "Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP"),
 ]
@@ -80,6 +82,7 @@ TRUNC_L2, TRUNC_IP, TRUNC_L4, WIRELEN_LT_CAPLEN, UNKNOWN_LINKTYPE = 40, 41, 42, 
 CAPTURE_PARTIAL, TCP_PORT_FILTER_SUSPECTED = 60, 61
 SNAPLEN_EXCEEDED, INTERRUPTED, UNDEFINED_INTERFACE, TPACKET_V2_CLAMP, OUTPUT_FAILED, TS_OUT_OF_RANGE = (
     62, 63, 64, 65, 66, 67)
+CAPTURE_EMPTY = 68
 
 
 def message(code_id: int, value: int | str) -> str:

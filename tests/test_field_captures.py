@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import struct
+import subprocess
+import sys
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -199,3 +201,17 @@ def test_snaplen_cut_is_not_the_tpacket_clamp(tmp_path):
     assert "capture.tpacket_v2_clamp" not in _findings(a)
     cap = write_pcap(tmp_path / "t.pcap", [(big[:65562], len(big))], snaplen=262144)
     assert "capture.tpacket_v2_clamp" in _findings(bigtcp_pcap.analyze(cap, audit=False))
+
+
+def test_an_empty_file_is_a_capture_of_no_packets(tmp_path):
+    """tshark reads a 0-byte file as a capture without packets (exit 0): analysed, not refused, with a note."""
+    cap = tmp_path / "empty.pcap"
+    cap.write_bytes(b"")
+    assert tshark_fields(cap, ["frame.number"]) == []
+    a = bigtcp_pcap.analyze(cap, audit=False)
+    assert not a.partial and a.info.packets == 0
+    (row,) = _findings(a)["capture.empty"]
+    assert row["severity"] == "note" and row["frame"] == 0
+    res = subprocess.run([sys.executable, "-m", "bigtcp_pcap.cli", "analyze", str(cap), "-o", str(tmp_path / "o"),
+                          "--no-progress"], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr

@@ -154,7 +154,10 @@ class CaptureReader:
         try:
             if not self._fill(0, 4) and self._buf.shape[0] == 0:
                 self._raise_stream_error()
-                raise self._err("empty capture file", 0)
+                # a 0-byte file: tshark reads it as a capture of no packets (tcpdump refuses it); a note, no error
+                self.info.format = "empty"
+                self.info.notes.count(F.CAPTURE_EMPTY, 0, np.zeros(1, np.int64))
+                return
             if self._buf.shape[0] < 4:
                 raise self._err("file too short to be a capture", 0)
             magic = int.from_bytes(self._buf[:4].tobytes(), "little")
