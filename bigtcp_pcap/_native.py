@@ -137,10 +137,62 @@ _force_python = False  # set while a private plain-Python copy of a module is ex
 fallbacks: dict[str, int] = {}  # entry point -> calls that ran on the JIT (argument types the build did not see)
 
 
-def njit(*args: Any, entry: bool = False, **options: Any):
-    """``numba.njit(cache=..., inline=...)``, or the ahead-of-time code for an ``entry=True`` loop."""
+# --- declared argument types of the entry points ------------------------------------------------------------
+# ``@njit(entry=True, sig="u8[::1], i64, (u64[::1], u64[:]), ro u8[::1], bool")``: one string per compiled
+# signature, the arguments in order. Arrays are ``<dtype>[dims]`` with ``::1`` on the last dimension for
+# C-contiguous (``[:, ::1]`` a C 2-D array) or ``:`` only for any layout; ``ro`` marks a read-only array; scalars
+# are a dtype (i64 takes Python ints) or ``bool``; ``( ... )`` is a tuple. dtypes: u8 u16 u32 u64 i8 i16 i32 i64
+# b1 (bool) f64. build_kernels compiles exactly these; the guard below dispatches on them.
+_DTYPES = {"u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "i8": "int8", "i16": "int16",
+           "i32": "int32", "i64": "int64", "b1": "bool", "f64": "float64"}
+
+
+def parse_sig(text: str) -> list[dict]:
+    """The argument specs (the JSON form _kernels.json records) of one declared signature string."""
+    return _parse_list(text.replace(" ", "").replace("\n", ""), 0, "")[0]
+
+
+def _parse_list(t: str, pos: int, close: str) -> tuple[list[dict], int]:
+    out: list[dict] = []
+    while pos < len(t) and (not close or t[pos] != close):
+        if t[pos] == "(":
+            inner, pos = _parse_list(t, pos + 1, ")")
+            out.append({"k": "tup", "items": inner})
+            pos += 1  # ")"
+        else:
+            end = pos
+            depth = 0
+            while end < len(t) and (depth or t[end] not in ",)"):
+                depth += t[end] == "["
+                depth -= t[end] == "]"
+                end += 1
+            out.append(_parse_one(t[pos:end]))
+            pos = end
+        if pos < len(t) and t[pos] == ",":
+            pos += 1
+    return out, pos
+
+
+def _parse_one(tok: str) -> dict:
+    ro = tok.startswith("ro")
+    if ro:
+        tok = tok[2:]
+    if tok == "bool":
+        return {"k": "bool"}
+    if "[" not in tok:
+        dt = _DTYPES[tok]
+        return {"k": "float", "dt": dt} if dt.startswith("float") else {"k": "int", "dt": dt}
+    name, dims = tok[:-1].split("[", 1)
+    parts = dims.split(",")
+    lay = "C" if parts[-1] == "::1" else "A"
+    return {"k": "arr", "dt": _DTYPES[name], "nd": len(parts), "lay": lay, "rw": not ro, "aligned": True}
+
+
+def njit(*args: Any, entry: bool = False, sig: str | list[str] | None = None, **options: Any):
+    """``numba.njit(cache=..., inline=...)``, or the ahead-of-time code for an ``entry=True`` loop, whose
+    argument types are declared in ``sig`` (see ``parse_sig``)."""
     if args and callable(args[0]):
-        return njit(entry=entry, **options)(args[0])
+        return njit(entry=entry, sig=sig, **options)(args[0])
 
     def deco(f):
         if _force_python:
@@ -149,6 +201,7 @@ def njit(*args: Any, entry: bool = False, **options: Any):
             numba = _numba()
             disp = numba.njit(_nrt=False, **options)(f)  # no refcount atomics (module docstring)
             disp._bigtcp_entry = entry  # read by build_kernels
+            disp._bigtcp_sigs = [parse_sig(x) for x in ([sig] if isinstance(sig, str) else sig or [])]
             return disp
         key = f"{f.__module__}.{f.__qualname__}"
         if entry and key in _EXPORTS:

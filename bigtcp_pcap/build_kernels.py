@@ -1,21 +1,26 @@
-"""Compile the entry-point loops ahead of time: ``python -m bigtcp_pcap.build_kernels [--check]``.
+"""Compile the entry-point loops ahead of time: ``python -m bigtcp_pcap.build_kernels [--check | --discover]``.
 
-1. Run a workload on numba's JIT that goes through every entry point the way the pipeline calls it: the bundled
-   sample as pcap (micro- and nanosecond, both byte orders) and pcapng (both byte orders), analysed with the
-   packets table and the filter audit, and the GRO engine fed with recorded poll starts and with several RX
-   queues. Each entry point then holds the argument types it was compiled for.
-2. Export each (entry point, argument types) with ``numba.pycc`` into ``bigtcp_pcap/_kernels*.so`` and write
+1. Each entry point declares the argument types it is compiled for, next to its definition
+   (``@njit(entry=True, sig="u8[::1], i64, ...")``, the notation of ``_native.parse_sig``). The build exports each
+   (entry point, declared signature) with ``numba.pycc`` into ``bigtcp_pcap/_kernels*.so`` and writes
    ``_kernels.json``: the symbol and argument types of each export and a digest of the package sources, which
    ``_native`` checks before it trusts the module.
-3. ``--check`` (also run after a build): in a fresh interpreter, repeat the workload on the compiled module and
-   fail unless every call was served by it and numba was never imported.
+2. ``--check`` (also run after a build): in a fresh interpreter, run a workload that goes through every entry point
+   the way the pipeline calls it (the bundled sample as pcap, micro- and nanosecond, both byte orders, and pcapng,
+   analysed with the packets table and the filter audit; the GRO engine with recorded poll starts and several RX
+   queues; the flow table's growth and expiry; the audit's interpreter on writable and read-only buffers) on the
+   compiled module, and fail unless every call was served by it (the types matched a declaration) and numba was
+   never imported.
+3. ``--discover``: the same workload on the JIT, printing any call whose argument types no declaration has (what
+   to add to a ``sig=`` after changing how the pipeline calls a kernel).
 
-Takes 1-2 minutes and needs numba; afterwards the toolkit runs without importing numba at all.
+Takes about a minute and needs numba; afterwards the toolkit runs without importing numba at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import struct
@@ -145,9 +150,48 @@ def _spec(t) -> dict | None:
     return None
 
 
-def build(out_dir: Path) -> dict:
-    import importlib
+def _numba_type(s: dict):
+    """The numba type of a declared argument spec (the inverse of ``_spec``)."""
+    import numpy as np
+    from numba.core import types
+    from numba.np.numpy_support import from_dtype
 
+    k = s["k"]
+    if k == "arr":
+        return types.Array(from_dtype(np.dtype(s["dt"])), s["nd"], s["lay"], readonly=not s["rw"],
+                           aligned=s["aligned"])
+    if k == "bool":
+        return types.boolean
+    if k in ("int", "float"):
+        return from_dtype(np.dtype(s["dt"]))
+    items = [_numba_type(x) for x in s["items"]]
+    return types.UniTuple(items[0], len(items)) if all(x == items[0] for x in items) else types.Tuple(items)
+
+
+def discover() -> int:
+    """Run the workload on the JIT and compare the argument types the pipeline really passes with the declared
+    ones: a call the build would leave to the JIT is printed with its types."""
+    from bigtcp_pcap import _native
+
+    workload()
+    bad = 0
+    for modname in _native.KERNEL_MODULES:
+        mod = importlib.import_module(modname)
+        for obj in vars(mod).values():
+            if getattr(obj, "_bigtcp_entry", False) and obj.py_func.__module__ == modname:
+                declared = obj._bigtcp_sigs
+                for sig in obj.signatures:
+                    got = [_spec(t) for t in sig]
+                    if got not in declared:
+                        bad += 1
+                        print(f"build_kernels --discover: {modname}.{obj.py_func.__qualname__} called with "
+                              f"undeclared types {sig}", file=sys.stderr)
+    print(f"build_kernels --discover: {'every call matched a declared signature' if not bad else f'{bad} undeclared'}",
+          file=sys.stderr)
+    return 1 if bad else 0
+
+
+def build(out_dir: Path) -> dict:
     import numpy
     from numba.pycc import CC
 
@@ -155,9 +199,6 @@ def build(out_dir: Path) -> dict:
 
     if _native._AOT is not None:
         raise SystemExit("build_kernels: the JIT must be active for the build (unset nothing; this is a bug)")
-    t0 = time.perf_counter()
-    workload()
-    print(f"build_kernels: JIT workload {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     cc = CC("_kernels")
     cc.output_dir = str(out_dir)
     cc.verbose = False
@@ -169,14 +210,10 @@ def build(out_dir: Path) -> dict:
             if not getattr(obj, "_bigtcp_entry", False) or obj.py_func.__module__ != modname:
                 continue
             key = f"{modname}.{obj.py_func.__qualname__}"
-            if not obj.signatures:
-                raise SystemExit(f"build_kernels: the workload never called {key}")
-            for sig in obj.signatures:
-                args = [_spec(t) for t in sig]
-                if any(a is None for a in args):
-                    print(f"build_kernels: {key}{sig} has types the guard cannot check; left to the JIT",
-                          file=sys.stderr)
-                    continue
+            if not obj._bigtcp_sigs:
+                raise SystemExit(f"build_kernels: {key} is an entry point without declared argument types (sig=)")
+            for args in obj._bigtcp_sigs:  # declared at the entry point (_native.parse_sig)
+                sig = tuple(_numba_type(a) for a in args)
                 symbol = f"{modname.rsplit('.', 2)[-2]}_{modname.rsplit('.', 1)[-1]}__{name.lstrip('_')}__" \
                          f"{len(exports.get(key, []))}"
                 cc.export(symbol, sig)(obj.py_func)
@@ -220,12 +257,18 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only check the built module (no build)")
     ap.add_argument("--if-stale", action="store_true", help="build only when the module is missing or stale")
+    ap.add_argument("--discover", action="store_true",
+                    help="run the workload on the JIT and print calls whose types no sig= declares (no build)")
     args = ap.parse_args(argv)
     pkg = Path(__file__).resolve().parent
     env = {k: v for k, v in os.environ.items() if k != "BIGTCP_PCAP_JIT"}
     checker = [sys.executable, "-c", "import sys; from bigtcp_pcap.build_kernels import check; sys.exit(check())"]
     if args.check:
         return subprocess.run(checker, env=env, check=False).returncode
+    if args.discover:
+        code = "import sys; from bigtcp_pcap.build_kernels import discover; sys.exit(discover())"
+        return subprocess.run([sys.executable, "-c", code], env={**env, "BIGTCP_PCAP_JIT": "1"},
+                              check=False).returncode
     if args.if_stale:
         probe = subprocess.run([sys.executable, "-c", "from bigtcp_pcap import _native; print(_native.MODE)"],
                                env=env, capture_output=True, text=True, check=False)

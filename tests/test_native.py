@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -121,3 +122,36 @@ def test_edited_sources_or_another_numpy_make_the_module_stale(tmp_path, monkeyp
     kernel = copy / "gro" / "compiled.py"
     kernel.write_text(kernel.read_text().replace("BIG = 1 << 62", "BIG = 1 << 61"))
     assert "stale" in _native._load_aot()[2]
+
+
+def test_entry_points_declare_their_argument_types():
+    """Every entry point carries its sig=, and the built module holds exactly the declared signatures."""
+    import ast
+
+    spec = json.loads(_native.SPEC_FILE.read_text()) if _native.SPEC_FILE.exists() else None
+    declared = {}
+    for modname in _native.KERNEL_MODULES:
+        path = Path(importlib.util.find_spec(modname).origin)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for dec in node.decorator_list:
+                kw = {k.arg: k.value for k in getattr(dec, "keywords", [])}
+                if "entry" in kw and ast.literal_eval(kw["entry"]):
+                    assert "sig" in kw, f"{modname}.{node.name}: entry point without sig="
+                    sig = ast.literal_eval(kw["sig"])
+                    declared[f"{modname}.{node.name}"] = [_native.parse_sig(s) for s in
+                                                          ([sig] if isinstance(sig, str) else sig)]
+    assert len(declared) >= 19
+    if spec is not None:
+        assert {k: [e["args"] for e in v] for k, v in spec["exports"].items()} == declared
+
+
+def test_signature_notation():
+    arr = {"k": "arr", "aligned": True}
+    assert _native.parse_sig("u8[::1], i64, bool, ro u16[:, ::1], (u64[::1], u64[:]), f64") == [
+        {**arr, "dt": "uint8", "nd": 1, "lay": "C", "rw": True}, {"k": "int", "dt": "int64"}, {"k": "bool"},
+        {**arr, "dt": "uint16", "nd": 2, "lay": "C", "rw": False},
+        {"k": "tup", "items": [{**arr, "dt": "uint64", "nd": 1, "lay": "C", "rw": True},
+                               {**arr, "dt": "uint64", "nd": 1, "lay": "A", "rw": True}]},
+        {"k": "float", "dt": "float64"}]

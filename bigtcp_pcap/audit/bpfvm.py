@@ -39,7 +39,10 @@ def _load(p, end, k, size):
         | np.int64(p[u + np.uint64(3)])
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=["i64[::1], i64[::1], i64[::1], i64[::1], u8[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]",
+           "i64[::1], i64[::1], i64[::1], i64[::1], ro u8[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]"
+           ])  # a writable buffer, or the audit's read-only normalized copy
 def run_batch(code, jt, jf, kk, buf, off, caplen, wirelen, mem, out):
     """out[i] = the program's return value for packet i (``buf[off[i]:off[i] + caplen[i]]``, length wirelen[i]).
 

@@ -225,7 +225,9 @@ def needs_normalizing_batch(pb: PacketBatch, rows: np.ndarray, buf: np.ndarray |
     return need
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("u8[::1], i64[::1], i64[::1], i64[::1], i64[::1], i32[::1], u8[::1], u16[::1], u8[::1], u32[::1], "
+          "u32[::1], u16[::1], i64[::1], i64[::1], u8[::1], i64[::1], i64[::1], i64[::1]"))
 def normalize_kernel(buf, off, cap, wire, rows, l3_off, ver, ext_len, l4_proto, ip_len, ip_len_field, l2_len,
                      outer_ver, outer_udp, nbuf, n_off, n_cap, n_wire):
     """``normalize_frame`` for each frame ``rows[j]`` (known normalizable and needing it), written back to back

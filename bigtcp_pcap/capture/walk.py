@@ -38,7 +38,8 @@ def rd32(d, p, be):
     return (e << 24) | (c << 16) | (b << 8) | a
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="u8[::1], i64, i64, bool, i64, i64, i64[::1], u32[::1], u32[::1], i64[::1], i64[::1]")
 def walk_pcap(data, pos, end, be, ts_mul, max_caplen, off, caplen, wirelen, ts_ns, rec_pos):
     """Classic pcap records. ts_mul is 1000 for microsecond files and 1 for nanosecond files.
 
@@ -127,7 +128,9 @@ def _epb_flags(data, opt, oend, be):
     return np.uint32(0)
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("u8[::1], i64, i64, bool, u16[::1], i64[::1], u64[::1], u64[::1], u64[::1], i64[::1], i64, i64, "
+          "i64[::1], u32[::1], u32[::1], i64[::1], i64[::1], u16[::1], u32[::1], u32[::1], i64[::1]"))
 def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_shift, if_off_s, n_if, max_caplen,
                 off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags, stats):
     """pcapng packet blocks (EPB, SPB, obsolete PB); other unknown blocks are skipped.

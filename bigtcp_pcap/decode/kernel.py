@@ -803,7 +803,9 @@ def _udp(buf, l4, end, l4_true, l4_claim, i, o16, o32, f_row, f_code, f_val, nf,
 # ---- the frame -------------------------------------------------------------------------------------------------
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("u8[::1], i64[::1], u32[::1], u32[::1], u16[::1], u64[:, ::1], u32[:, ::1], u16[:, ::1], u8[:, "
+          "::1], i32[:, ::1], i8[:, ::1], u8[:, ::1], u8[:, ::1], i64[::1], i16[::1], i64[::1]"))
 def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, oi8, src, dst,
                   f_row, f_code, f_val):
     """Decode every record; returns the number of finding rows written to f_row/f_code/f_val."""

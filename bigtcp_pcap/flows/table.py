@@ -99,7 +99,8 @@ def _hm_insert(K, V, key, h, val):
     return grew
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="u64[::1], i64[::1], u64[::1], i64[::1]")
 def rehash_map(K, V, K2, V2):
     """Insert the live entries of (K, V) into the empty map (K2, V2)."""
     for j in range(V.shape[0]):
@@ -107,7 +108,8 @@ def rehash_map(K, V, K2, V2):
             _hm_insert(K2, V2, K[j], _fmix(_SEED, K[j]), V[j])
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="i64[::1], u64[:, ::1], i64[::1]")
 def rehash_keys(TAB, KY, TAB2):
     """Insert the live slots of the key table TAB into the empty TAB2 (digests in KY[:, 5])."""
     m = TAB2.shape[0] - 1
@@ -288,7 +290,11 @@ def _retire(F, TAB, KY, ZL, ST, s):
     ST[S_ALIVE] -= 1
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("u8[::1], u64[:, ::1], u64[:, ::1], u16[::1], u16[::1], b1[::1], u32[::1], u32[::1], u8[::1], "
+          "i64[::1], u64[::1], u16[::1], u16[::1], u32[::1], i64[::1], i64[:, ::1], u64[:, ::1], i64[:, :, "
+          "::1], i64[::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
+          "i64[::1], i64[::1], i64[::1]"))
 def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, frame, flags, mss, seq, TO, F, KY,
                 H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid):
     """One pass over a batch: flow_id of each ``mask`` row (-1 elsewhere), new flows, counters, histogram,
@@ -379,7 +385,9 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
         _seq_step(F, H, f, seq[i], pl, fl)
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("i64[::1], i64[::1], i64[:, ::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], "
+          "i64[::1], i64[::1]"))
 def superpackets_kernel(fids, lens, F, FK, FV, HK, HV, EL, EC, EN, ST):
     """Add rebuilt super-packet lengths to their flows' histograms (the caller guarantees room)."""
     for i in range(fids.shape[0]):
@@ -392,7 +400,8 @@ def superpackets_kernel(fids, lens, F, FK, FV, HK, HV, EL, EC, EN, ST):
         _hist_add(F, FV[j], 1, np.int64(lens[i]), 1, F_SHEAD, F_SLAST, HK, HV, EL, EC, EN, ST)
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="i64[::1], u64[::1], i64[::1], i64[::1]")
 def slots_kernel(fids, FK, FV, out):
     """Slot of each flow id (-1: not in memory)."""
     for i in range(fids.shape[0]):
@@ -470,7 +479,10 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
     return p50, p99, WL[n - 1], total
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("i64, bool, i64[::1], i64[::1], i64[:, ::1], u64[:, ::1], i64[::1], u64[::1], i64[::1], u64[::1], "
+          "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[:, "
+          "::1], u64[:, ::1]"))
 def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, WL, WC, R,
                   RK):
     """Write the rows of ended flows into R / RK (keys) and free their state; returns the number of rows.
@@ -549,7 +561,8 @@ def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC,
     return rows
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="i64[::1], u8[:, ::1], u8[::1], i32[::1]")
 def format_addresses(ver, A, out, offs):
     """Text of each address (IPv4 dotted quad, IPv6 as Python's ``ipaddress`` writes it: RFC 5952, lower-case
     hex, the first longest run of 2+ zero groups as ``::``) into ``out`` (bytes), ``offs`` (n + 1 offsets)."""

@@ -282,7 +282,11 @@ def _would_merge(S, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, p
 # ============================================================================================================
 # the loop
 # ============================================================================================================
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("(i8[::1], i64[::1], b1[::1], i64[::1], i64[::1], u32[::1], u16[::1], u32[::1], u32[::1], "
+          "u64[::1], u16[::1], u64[::1], i64[::1], u16[::1], i64[::1], u8[::1], u16[::1], u8[::1], "
+          "u16[::1], u16[::1], u32[::1], u32[::1], u8[::1]), i64[::1], i64[::1], u8[::1], u8[::1], "
+          "i64[::1], i64[:, ::1], i64[::1], i64[:, ::1], i64[:, :, ::1], i64[::1], i64[:, ::1], i64[::1]"))
 def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
     """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs).
 
@@ -460,7 +464,8 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
                 _complete_poll(S, Q, B, C, O, K, q, t, c)
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="i64[:, ::1], i64[:, ::1], i64[:, :, ::1], i64[::1], i64[:, ::1], i64[::1], i64")
 def _flush_end(S, Q, B, C, O, K, nq):
     """End of input (section 3 step 7): complete every held entry, reset the poll state of every queue."""
     for q in range(nq):
@@ -494,7 +499,8 @@ def _mix(h, x):
     return h ^ (h >> np.uint64(29))
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="i64[:, ::1], u64[:, ::1], i64, i64, u64[:, ::1], i64[::1], i64[::1]")
 def _dir_ids(S, keys, g0, g1, DK, DTAB, DST):
     """G_DID / G_RDID of gids g0..g1-1: ids of the direction keys (version|ports, src, dst words), new ids for
     unseen ones (the caller reserved room: DK rows, DTAB at most half full)."""
@@ -526,7 +532,8 @@ def _dir_ids(S, keys, g0, g1, DK, DTAB, DST):
             S[g, G_RDID if rev else G_DID] = d
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="u64[:, ::1], i64, i64[::1]")
 def _dir_rehash(DK, n, DTAB):
     """Re-insert direction ids 0..n-1 into the empty table DTAB."""
     m = DTAB.shape[0] - 1
@@ -538,7 +545,8 @@ def _dir_rehash(DK, n, DTAB):
         DTAB[j] = d
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig="i64[::1], u64[::1], i64")
 def _rehash(tab, khash, ngid):
     """Re-insert gids 0..ngid-1 (table digests ``khash``) into the empty table ``tab`` (size a power of 2)."""
     mask = np.uint64(tab.shape[0] - 1)
@@ -549,7 +557,9 @@ def _rehash(tab, khash, ngid):
         tab[j] = g
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("i8[::1], (u64[::1], u64[::1], u64[:], u64[:], u64[:], u64[:], u64[::1], u64[::1], u64[::1]), "
+          "i64, i64[::1], i64[::1], u64[:, ::1], u64[::1], i64[::1], i64[::1]"))
 def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
     """gid of each KIND_TCP row from ``start`` on (-1 elsewhere); unseen keys get the next gid, their first
     row goes to ``new_rows``. ST = [ngid, nnew]. Returns the row where it stopped: len(kind) when done, less when
@@ -605,7 +615,11 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
     return n
 
 
-@njit(cache=True, entry=True)
+@njit(cache=True, entry=True,
+      sig=("u8[::1], u8[::1], i32[::1], i64[::1], u16[::1], u16[::1], u8[::1], u32[::1], u32[::1], i32[::1], "
+          "u8[::1], u8[::1], u16[::1], u16[::1], u8[::1], u8[::1], u8[::1], u64[::1], u16[::1], u32[::1], "
+          "u64[:, ::1], u64[:, ::1], u16[::1], u16[::1], u32[::1], u64[::1], i64[::1], i8[::1], b1[::1], "
+          "i64[::1], i64[::1], i64[::1], u64[::1], u64[::1], u64[::1]"))
 def _prepare_kernel(ver, l4_proto, l4_off, fid, status, ip_hdr_len, tunnel, ip_len_field, wirelen, l3_off, ip_evil,
                     tcp_hdr_len, tcp_flags, tcp_win, ttl, tos, df, l2_hash, vlan, if_id, src, dst, sport, dport,
                     flow_label, ext_hash, cfg, kind, flushmark, flagword, l3word, hdr_len, c1, c6, c7):
