@@ -199,18 +199,18 @@ class _Run:
         self.audit_results: list = []
         # each table is written to a temporary name and renamed into place when complete (output/parquet.py)
         self.sinks: dict[str, P.TableSink] = {}
-        self.sink_packets = self.open_sink("packets") if packets else None
-        self.sink_findings = self.open_sink("findings")
-        self.sink_sp = self.open_sink("superpackets")
-        self.sink_flows = self.open_sink("flows")
-
-    def open_sink(self, table: str) -> P.TableSink:
-        spec = BY_NAME[table]  # output/tables.py: name, schema, writer thread
-        try:
-            self.sinks[table] = P.TableSink(self.out / f"{table}.parquet", spec.schema, background=spec.background)
+        try:  # (before analyze's own handlers: a failure here leaves nothing behind)
+            self.sink_packets = self.open_sink("packets") if packets else None
+            self.sink_findings = self.open_sink("findings")
+            self.sink_sp = self.open_sink("superpackets")
+            self.sink_flows = self.open_sink("flows")
         except BaseException:
             self.abort()
             raise
+
+    def open_sink(self, table: str) -> P.TableSink:
+        spec = BY_NAME[table]  # output/tables.py: name, schema, writer thread
+        self.sinks[table] = P.TableSink(self.out / f"{table}.parquet", spec.schema, background=spec.background)
         return self.sinks[table]
 
     def emit_superpackets(self, rows) -> None:

@@ -200,7 +200,7 @@ def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: 
     m = multi.size
     state = np.zeros((m, NF), np.int64)
     holes = np.zeros((m, MAX_HOLES, 2), np.int64)
-    seq_kernel(fid, seq.astype(np.int64), plen, flags.astype(np.int64), state, holes)
+    seq_kernel(fid, seq, plen, flags, state, holes)
     retrans, ooo, gap = state[:, F_RETRANS], state[:, F_OOO], state[:, F_GAP]
     sp_fid = _np(sp_t, "flow_id", np.int64, -1)
     sp_len = _np(sp_t, "payload_len", np.int64)

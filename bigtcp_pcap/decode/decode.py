@@ -8,7 +8,9 @@ import numpy as np
 
 from ..capture.reader import RecordBatch
 from . import kernel as K
-from .schema import BATCH_COLUMNS, PacketBatch
+from .schema import BATCH_COLUMNS, KERNEL_GROUPS, PacketBatch, kernel_row
+
+_ROW = {c.name: kernel_row(c.name) for c in BATCH_COLUMNS if c.origin in KERNEL_GROUPS}  # row in its group
 
 
 @dataclass
@@ -36,8 +38,7 @@ class FindingRows:
 def decode(rb: RecordBatch) -> tuple[PacketBatch, FindingRows]:
     """Decode one record batch. Pure function of its input; no state carries between batches."""
     n = len(rb)
-    out = {g: np.zeros((len(rows), n), dt) for (g, rows), dt in
-           zip(K.KERNEL_ROWS.items(), (np.uint64, np.uint32, np.uint16, np.uint8, np.int32, np.int8), strict=True)}
+    out = {g: np.zeros((len(K.KERNEL_ROWS[g]), n), dt) for g, dt in KERNEL_GROUPS.items()}
     src = np.zeros((n, 16), np.uint8)
     dst = np.zeros((n, 16), np.uint8)
     fcap = n * K.MAX_FINDINGS_PER_PACKET
@@ -54,7 +55,7 @@ def decode(rb: RecordBatch) -> tuple[PacketBatch, FindingRows]:
         elif c.origin == "addr":
             cols[c.name] = addr[c.name]
         else:
-            row = out[c.origin][K.KERNEL_ROWS[c.origin].index(c.name)]
+            row = out[c.origin][_ROW[c.name]]
             cols[c.name] = row.view(np.bool_) if c.dtype is np.bool_ else row
     pb = PacketBatch(**cols)
     fr = FindingRows(rb.frame[f_row[:nf]], f_code[:nf].copy(), f_val[:nf].copy())

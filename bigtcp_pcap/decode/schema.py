@@ -135,8 +135,11 @@ COLUMNS: tuple[Column, ...] = (
 del C
 BATCH_COLUMNS: tuple[Column, ...] = tuple(c for c in COLUMNS if c.origin != "flows")
 COLUMN_TYPES: dict[str, tuple[type, tuple[int, ...]]] = {c.name: (c.dtype, c.shape) for c in BATCH_COLUMNS}
+# the decoder's grouped output arrays: one (rows, n) array per dtype, a row per column of that origin
+KERNEL_GROUPS: dict[str, type] = {"u64": np.uint64, "u32": np.uint32, "u16": np.uint16, "u8": np.uint8,
+                                  "i32": np.int32, "i8": np.int8}
 KERNEL_ROWS: dict[str, tuple[str, ...]] = {g: tuple(c.name for c in BATCH_COLUMNS if c.origin == g)
-                                           for g in ("u64", "u32", "u16", "u8", "i32", "i8")}
+                                           for g in KERNEL_GROUPS}
 
 
 def kernel_row(name: str) -> int:

@@ -257,7 +257,7 @@ def seq_kernel(fid, seq, plen, flags, F, H):
     """The sequence bookkeeping of ``flow_kernel`` alone, over packets already in frame order with compact flow
     ids (rows of ``F``/``H``): used to recompute the history-dependent columns of a flow seen in several parts."""
     for i in range(fid.shape[0]):
-        _seq_step(F, H, fid[i], seq[i], np.int64(plen[i]), flags[i])
+        _seq_step(F, H, fid[i], seq[i], np.int64(plen[i]), np.int64(flags[i]))
 
 
 @njit(cache=True, inline="always")
@@ -755,23 +755,23 @@ class FlowTable:
         slots_kernel(fids, self.FK, self.FV, slots)
         return slots >= 0
 
-    def addresses(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(ip_version, src words, dst words, known) per flow id of flows still in memory."""
+    def _key_rows(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(KY rows, known) per flow id: the key words of flows still in memory (row 0's for the others)."""
         fids = np.ascontiguousarray(flow_id, np.int64)
         slots = np.empty(fids.shape[0], np.int64)
         slots_kernel(fids, self.FK, self.FV, slots)
         known = slots >= 0
-        ky = self.KY[np.where(known, slots, 0)]
+        return self.KY[np.where(known, slots, 0)], known
+
+    def addresses(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ip_version, src words, dst words, known) per flow id of flows still in memory."""
+        ky, known = self._key_rows(flow_id)
         return (ky[:, 0] >> np.uint64(32)).astype(np.int64), ky[:, 1:3], ky[:, 3:5], known
 
     def keys(self, flow_id: np.ndarray) -> list[tuple[str, str, int, int, int] | None]:
         """(src, dst, sport, dport, ip_version) per flow id of flows still in memory (None for the others); for
         summaries of a few flows, not for per-row columns."""
-        fids = np.ascontiguousarray(flow_id, np.int64)
-        slots = np.empty(fids.shape[0], np.int64)
-        slots_kernel(fids, self.FK, self.FV, slots)
-        known = slots >= 0
-        ky = self.KY[np.where(known, slots, 0)]
+        ky, known = self._key_rows(flow_id)
         ver = (ky[:, 0] >> np.uint64(32)).astype(np.int64)
         src = address_strings(ver, ky[:, 1:3]).to_pylist()
         dst = address_strings(ver, ky[:, 3:5]).to_pylist()

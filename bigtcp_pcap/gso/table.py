@@ -28,11 +28,16 @@ tso_off, mtu; none when passed)."""
 
 def egress_columns(eb: EgressBatch, flows) -> dict:
     """Columns for EGRESS_SCHEMA; addresses come from the flow table as dictionary columns whose values are the
-    batch's distinct addresses (the same helper as superpackets.parquet)."""
+    batch's distinct addresses (the same helper as superpackets.parquet). The batch's distinct flows are found
+    with a bincount, not a sort: the rows are many (an exploded skb is dozens), the flows few."""
     fid = eb.flow_id
     no_l4 = fid < 0
-    uniq, inv = np.unique(fid, return_inverse=True)
-    inv = inv.ravel()
+    present = np.flatnonzero(np.bincount(fid[~no_l4], minlength=len(flows))) if (~no_l4).any() else \
+        np.zeros(0, np.int64)
+    uniq = np.append(present, -1)  # the last entry stands for the rows without L4 (null addresses)
+    slot = np.full(len(flows) + 1, present.shape[0], np.int64)
+    slot[present] = np.arange(present.shape[0])
+    inv = slot[np.where(no_l4, len(flows), fid)]
     ver, src, dst, known = flows.addresses(uniq)
     known &= uniq >= 0
 

@@ -73,12 +73,13 @@ def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     """packets.parquet rows of a batch: each column as the column table declares it (type, when null)."""
     l4 = pb.l4_off >= 0
     is_tcp = l4 & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)  # a TCP header cut by the snaplen: nulls
-    null_when = {  # the ``null`` vocabulary of schema.Column
+    null_when = {  # the ``null`` vocabulary of schema.Column; each mask computed once, when a column needs it
         "ts_unknown": lambda: pb.ts_ns == TS_UNKNOWN, "no_flow": lambda: flow_id < 0,
         "no_ip": lambda: pb.ip_version == 0, "no_jumbo": lambda: ~pb.has_jumbo,
         "not_l4": lambda: ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))), "not_tcp": lambda: ~is_tcp,
-        "zero": None, "no_ts": lambda: ~pb.tcp_has_ts, "not_udp": lambda: ~(l4 & (pb.l4_proto == 17)),
+        "no_ts": lambda: ~pb.tcp_has_ts, "not_udp": lambda: ~(l4 & (pb.l4_proto == 17)),
     }
+    masks: dict[str, np.ndarray] = {}
     cols = {}  # name: values or (values, null mask)
     for c in COLUMNS:
         if c.parquet is None:
@@ -88,8 +89,12 @@ def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
             cols[c.name] = _dict_array(v, _NAMES[c.parquet[5:]])
         elif c.null is None:
             cols[c.name] = v
+        elif c.null == "zero":  # the value itself says absent (tcp_mss 0)
+            cols[c.name] = (v, v == 0)
         else:
-            cols[c.name] = (v, v == 0 if c.null == "zero" else null_when[c.null]())
+            if c.null not in masks:
+                masks[c.null] = null_when[c.null]()
+            cols[c.name] = (v, masks[c.null])
     return A.table(cols, PACKETS_SCHEMA)
 
 
