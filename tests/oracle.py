@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-EXTERNAL = SHARED / "fixtures-external"
+EXTERNAL = ROOT / "tests" / "fixtures" / "external"  # tcpdump's one-packet BIG TCP captures (see its README)
 KERNEL = ROOT / "tests" / "fixtures" / "kernel"
 TSHARK_PREFS = ["-o", "ipv6.tso_support:TRUE", "-o", "ip.tso_support:TRUE"]
 

@@ -20,7 +20,7 @@ from bigtcp_pcap.capture import read_batches
 
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_DIR = REPO / "tests" / "fixtures" / "kernel"
-EXTERNAL_DIR = Path(os.environ.get("BIGTCP_EXTERNAL_FIXTURES", REPO.parent / "shared" / "fixtures-external"))
+EXTERNAL_DIR = Path(os.environ.get("BIGTCP_EXTERNAL_FIXTURES", REPO / "tests" / "fixtures" / "external"))
 TSHARK = shutil.which("tshark")
 TCPDUMP = shutil.which("tcpdump")
 TSO = ["-o", "ipv6.tso_support:TRUE", "-o", "ip.tso_support:TRUE"]
