@@ -20,65 +20,72 @@ from typing import Any
 
 import numpy as np
 
+from .._native import njit
 from ..decode.schema import TH_ACK, PacketBatch
+from ..flows.table import _fmix
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix(h: np.ndarray, x: np.ndarray) -> np.ndarray:
-    h = (h ^ x) * _M1
-    h ^= h >> np.uint64(31)
-    h *= _M2
-    return h ^ (h >> np.uint64(29))
+_H0 = np.uint64(0x243F6A8885A308D3)
+_U32 = np.uint64(0xFFFFFFFF)
 
 
-def _flow_digest(pb: PacketBatch, reverse: bool) -> np.ndarray:
-    """64-bit digest of (version, src, dst, sport, dport); ``reverse`` swaps the ends (the ACK's view)."""
+@njit(cache=True, inline="always")
+def _dir_digest(ver, a0, a1, b0, b1, sp, dp):
+    """64-bit digest of one flow direction (version, from-address, to-address, from-port, to-port)."""
+    h = _fmix(_fmix(_fmix(_fmix(_H0, a0), a1), b0), b1)
+    return _fmix(h, (np.uint64(ver) << np.uint64(32)) | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp))
+
+
+@njit(cache=True, entry=True,
+      sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
+           "u64[:, ::1], u64[::1], b1[::1], b1[::1], bool"))
+def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, SET, USED, out, check):
+    """Backwards over one batch. Every ACK's (reverse flow, ack number) key goes into the set (SET/USED: open
+    addressing, power-of-two size, at most half full); with ``check``, a data segment whose (flow, end) key is
+    in the set already, i.e. ACKed by a later packet, gets ``out[i] = True``. A packet's own ACK is added after
+    its check, so it never counts for itself."""
+    m = np.int64(SET.shape[0] - 1)
+    for i in range(ver.shape[0] - 1, -1, -1):
+        v = ver[i]
+        if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
+            continue
+        if check and plen[i] > 0:
+            end = (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32
+            k = _fmix(_dir_digest(v, src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]), end)
+            j = np.int64(k & np.uint64(m))
+            while USED[j]:
+                if SET[j] == k:
+                    out[i] = True
+                    break
+                j = (j + 1) & m
+        if flags[i] & TH_ACK:
+            k = _fmix(_dir_digest(v, dst[i, 0], dst[i, 1], src[i, 0], src[i, 1], dport[i], sport[i]),
+                      np.uint64(ack[i]))
+            j = np.int64(k & np.uint64(m))
+            while USED[j] and SET[j] != k:
+                j = (j + 1) & m
+            SET[j] = k
+            USED[j] = True
+
+
+def _scan(pb: PacketBatch, SET: np.ndarray, USED: np.ndarray, out: np.ndarray, check: bool) -> None:
     n = len(pb)
     src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
     dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
-    a, b = (dst, src) if reverse else (src, dst)
-    sp, dp = (pb.dport, pb.sport) if reverse else (pb.sport, pb.dport)
-    h = np.full(n, 0x243F6A8885A308D3, np.uint64)
-    for col in (a[:, 0], a[:, 1], b[:, 0], b[:, 1],
-                (pb.ip_version.astype(np.uint64) << np.uint64(32)) | (sp.astype(np.uint64) << np.uint64(16))
-                | dp.astype(np.uint64)):
-        h = _mix(h, col)
-    return h
-
-
-def _keys(pb: PacketBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(data rows, their (flow, end) keys, ACK rows, their (reverse flow, ack number) keys)."""
-    tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
-    data = np.flatnonzero(tcp & (pb.tcp_payload_len > 0))
-    acks = np.flatnonzero(tcp & ((pb.tcp_flags & TH_ACK) != 0))
-    end = (pb.tcp_seq[data].astype(np.uint64) + pb.tcp_payload_len[data].astype(np.uint64)) & np.uint64(0xFFFFFFFF)
-    dk = _mix(_flow_digest(pb.take(data), False), end)
-    ak = _mix(_flow_digest(pb.take(acks), True), pb.tcp_ack[acks].astype(np.uint64))
-    return data, dk, acks, ak
+    ack_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq, pb.tcp_ack,
+             pb.sport, pb.dport, src, dst, SET, USED, out, check)
 
 
 def acked_ends(pb: PacketBatch, lookahead: PacketBatch | None = None) -> np.ndarray:
     """bool per row of ``pb``: a later packet of the reverse direction (in ``pb`` or ``lookahead``) ACKs
-    exactly this data segment's end."""
-    data, dk, acks, ak = _keys(pb)
-    pos = acks
-    if lookahead is not None and len(lookahead):
-        _, _, acks2, ak2 = _keys(lookahead)
-        ak = np.concatenate([ak, ak2])
-        pos = np.concatenate([acks, acks2 + len(pb)])
-    out = np.zeros(len(pb), bool)
-    if not len(data) or not len(ak):
-        return out
-    # the latest position of each ACK key, then: is there an ACK with the segment's key after the segment?
-    order = np.lexsort((pos, ak))
-    k_sorted, p_sorted = ak[order], pos[order]
-    last = np.r_[k_sorted[1:] != k_sorted[:-1], True]
-    uk, up = k_sorted[last], p_sorted[last]
-    j = np.searchsorted(uk, dk)
-    j = np.minimum(j, len(uk) - 1)
-    out[data] = (uk[j] == dk) & (up[j] > data)
+    exactly this data segment's end (keys compared by their 64-bit digest)."""
+    n2 = len(lookahead) if lookahead is not None else 0
+    size = 1 << max(4, int(2 * (len(pb) + n2)).bit_length())
+    SET, USED = np.empty(size, np.uint64), np.zeros(size, np.bool_)
+    out = np.zeros(len(pb), np.bool_)
+    if n2:  # every ACK of the lookahead is later than every segment of pb
+        _scan(lookahead, SET, USED, np.zeros(0, np.bool_), False)
+    if len(pb):
+        _scan(pb, SET, USED, out, True)
     return out
 
 

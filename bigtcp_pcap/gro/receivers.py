@@ -17,7 +17,7 @@ How the receiver is told, per link type:
 * a frame with none of these (not IP, too short): a receiver per capture interface.
 
 Every key also holds the capture interface (pcapng ``if_id``), so two interfaces never share a receiver.
-Vectorized per batch; Python touches only the distinct receivers of a batch.
+One compiled pass per batch (``receiver_keys``); Python touches only the distinct receivers of a batch.
 """
 
 from __future__ import annotations
@@ -26,18 +26,106 @@ import ipaddress
 
 import numpy as np
 
+from .._native import njit
 from ..capture.reader import RecordBatch
 from ..decode.schema import PacketBatch
+from ..flows.table import _fmix
 
 K_MAC, K_LOCAL, K_IP4, K_NONE, K_GROUP, K_IP6 = 1, 2, 3, 4, 5, 6
 SLL_OUTGOING = 4  # PACKET_OUTGOING
 LT_ETHERNET, LT_SLL, LT_SLL2 = 1, 113, 276
+_SEED = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _u64_be(buf: np.ndarray, off: np.ndarray, n: int) -> np.ndarray:
-    """n bytes from each offset as a big-endian unsigned integer (n <= 8)."""
-    b = buf[off[:, None] + np.arange(n)[None, :]].astype(np.uint64)
-    return (b << (np.arange(n - 1, -1, -1, dtype=np.uint64) * np.uint64(8))[None, :]).sum(axis=1, dtype=np.uint64)
+@njit(cache=True, inline="always")
+def _be(buf, o, n):
+    """n bytes at ``buf[o:]`` as a big-endian unsigned integer (n <= 8)."""
+    x = np.uint64(0)
+    for k in range(n):
+        x = (x << np.uint64(8)) | np.uint64(buf[o + k])
+    return x
+
+
+@njit(cache=True, inline="always")
+def _peer_slot(PK, PU, i_f, s):
+    """The slot of (interface, source MAC) in the peer map, or the empty slot where it would go."""
+    m = np.int64(PU.shape[0] - 1)
+    j = np.int64(_fmix(_fmix(_SEED, i_f), s) & np.uint64(m))
+    while PU[j] and (PK[j, 0] != i_f or PK[j, 1] != s):
+        j = (j + 1) & m
+    return j
+
+
+@njit(cache=True, entry=True,
+      sig=("u16[::1], u32[::1], u8[::1], u8[:, ::1], u32[::1], u8[::1], i64[::1], u64[:, ::1], u64[::1], b1[::1], "
+           "i64[::1], u64[:, ::1], i64[::1], i64[::1], u64[:, ::1]"))
+def receiver_keys(lt, cap, ver, dst, if_id, buf, off, PK, PV, PU, PST, UK, TAB, inv, KEY):
+    """The receiver key (kind, word a, word b, interface) of each frame into KEY, the distinct keys of the batch
+    in order of first appearance into UK (returns how many), and each frame's row of UK into ``inv``.
+
+    The peer map (PK/PV/PU, fill in PST[0], kept at most half full by the caller) remembers, per (interface,
+    source MAC), the MAC it last sent a unicast frame to: the whole batch's unicast frames update it first, then
+    the group-addressed frames look their source up (0 when unknown: a receiver of their own). TAB is scratch
+    (power of two >= 2n)."""
+    n = lt.shape[0]
+    for i in range(n):  # the unicast frames of the batch teach the peer map (the last one wins)
+        if lt[i] == LT_ETHERNET and cap[i] >= 12:
+            d = _be(buf, off[i], 6)
+            if (d >> np.uint64(40)) & np.uint64(1) == 0:
+                i_f = np.uint64(if_id[i])
+                s = _be(buf, off[i] + 6, 6)
+                j = _peer_slot(PK, PU, i_f, s)
+                if not PU[j]:
+                    PU[j] = True
+                    PK[j, 0] = i_f
+                    PK[j, 1] = s
+                    PST[0] += 1
+                PV[j] = d
+    for i in range(n):
+        kind, a, b = np.uint64(K_NONE), np.uint64(0), np.uint64(0)
+        v = ver[i]
+        if v == 4 or v == 6:  # the destination IP address, wherever nothing better is known
+            kind = np.uint64(K_IP4 if v == 4 else K_IP6)
+            for k in range(8):
+                a = (a << np.uint64(8)) | np.uint64(dst[i, k])
+                b = (b << np.uint64(8)) | np.uint64(dst[i, 8 + k])
+        t = lt[i]
+        if t == LT_ETHERNET and cap[i] >= 12:
+            d = _be(buf, off[i], 6)
+            mac = d
+            if (d >> np.uint64(40)) & np.uint64(1) != 0:
+                j = _peer_slot(PK, PU, np.uint64(if_id[i]), _be(buf, off[i] + 6, 6))
+                mac = PV[j] if PU[j] else np.uint64(0)
+            kind = np.uint64(K_GROUP if mac == 0 else K_MAC)
+            a = d if mac == 0 else mac
+            b = np.uint64(0)
+        elif (t == LT_SLL and cap[i] >= 2 and _be(buf, off[i], 2) != SLL_OUTGOING) or \
+                (t == LT_SLL2 and cap[i] >= 12 and _be(buf, off[i] + 10, 1) != SLL_OUTGOING):
+            kind, a, b = np.uint64(K_LOCAL), np.uint64(0), np.uint64(0)
+        KEY[i, 0] = kind
+        KEY[i, 1] = a
+        KEY[i, 2] = b
+        KEY[i, 3] = np.uint64(if_id[i])
+    m = np.int64(TAB.shape[0] - 1)
+    TAB[:] = -1
+    u = 0
+    for i in range(n):  # distinct keys, first appearance first
+        h = _fmix(_fmix(_fmix(_fmix(_SEED, KEY[i, 0]), KEY[i, 1]), KEY[i, 2]), KEY[i, 3])
+        j = np.int64(h & np.uint64(m))
+        while True:
+            r = TAB[j]
+            if r < 0:
+                TAB[j] = u
+                for w in range(4):
+                    UK[u, w] = KEY[i, w]
+                inv[i] = u
+                u += 1
+                break
+            if UK[r, 0] == KEY[i, 0] and UK[r, 1] == KEY[i, 1] and UK[r, 2] == KEY[i, 2] and UK[r, 3] == KEY[i, 3]:
+                inv[i] = r
+                break
+            j = (j + 1) & m
+    return u
 
 
 class Receivers:
@@ -46,7 +134,9 @@ class Receivers:
     def __init__(self) -> None:
         self._index: dict[bytes, int] = {}
         self.labels: list[str] = []
-        self._peer: dict[tuple[int, int], int] = {}  # (if_id, source MAC) -> the MAC it last sent unicast to
+        # (interface, source MAC) -> the MAC it last sent unicast to: an open-addressing map the kernel keeps
+        self._pk, self._pv, self._pu = np.zeros((16, 2), np.uint64), np.zeros(16, np.uint64), np.zeros(16, np.bool_)
+        self._pst = np.zeros(1, np.int64)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -54,59 +144,30 @@ class Receivers:
     def assign(self, rb: RecordBatch, pb: PacketBatch) -> np.ndarray:
         """int64 receiver index per frame of the batch."""
         n = len(pb)
-        kind = np.full(n, K_NONE, np.uint64)
-        a = np.zeros(n, np.uint64)  # first key word (MAC, or address high half)
-        b = np.zeros(n, np.uint64)  # second key word (address low half)
-        lt = pb.linktype
-        cap = rb.caplen
-        ip = (pb.ip_version == 4) | (pb.ip_version == 6)
-        dst = np.ascontiguousarray(pb.dst).view(">u8").reshape(n, 2).astype(np.uint64) if n else np.zeros((0, 2),
-                                                                                                         np.uint64)
-        # the destination IP address, wherever nothing better is known
-        kind[ip] = np.where(pb.ip_version[ip] == 4, K_IP4, K_IP6).astype(np.uint64)
-        a[ip] = dst[ip, 0]
-        b[ip] = dst[ip, 1]
-        eth = (lt == LT_ETHERNET) & (cap >= 12)
-        if eth.any():
-            dmac = _u64_be(rb.buf, rb.off[eth], 6)
-            smac = _u64_be(rb.buf, rb.off[eth] + 6, 6)
-            group = ((dmac >> np.uint64(40)) & np.uint64(1)) != 0
-            mac = dmac.copy()
-            if group.any():
-                mac[group] = self._group_targets(pb.if_id[eth], smac, dmac, group)
-            idx = np.flatnonzero(eth)
-            kind[idx] = np.where(mac == 0, K_GROUP, K_MAC).astype(np.uint64)
-            a[idx] = np.where(mac == 0, dmac, mac)
-            b[idx] = 0
-        for ltype, at in ((LT_SLL, 0), (LT_SLL2, 10)):
-            sll = (lt == ltype) & (cap >= at + 2)
-            if sll.any():
-                ptype = _u64_be(rb.buf, rb.off[sll] + at, 2 if ltype == LT_SLL else 1)
-                idx = np.flatnonzero(sll)
-                incoming = ptype != SLL_OUTGOING
-                kind[idx[incoming]] = K_LOCAL
-                a[idx[incoming]] = 0
-                b[idx[incoming]] = 0
-        keys = np.stack([kind, a, b, pb.if_id.astype(np.uint64)], axis=1)
-        keys = np.ascontiguousarray(keys).view(np.dtype((np.void, 32))).reshape(-1)
-        uniq, inv = np.unique(keys, return_inverse=True)
-        ids = np.empty(len(uniq), np.int64)
-        for j, k in enumerate(uniq.tolist()):
-            ids[j] = self._id(bytes(k))
-        return ids[inv.reshape(-1)]
+        if not n:
+            return np.zeros(0, np.int64)
+        self._reserve_peers(n)
+        uk, key = np.empty((n, 4), np.uint64), np.empty((n, 4), np.uint64)
+        tab, inv = np.empty(1 << (2 * n).bit_length(), np.int64), np.empty(n, np.int64)
+        u = receiver_keys(pb.linktype, rb.caplen, pb.ip_version, np.ascontiguousarray(pb.dst), pb.if_id, rb.buf,
+                          rb.off, self._pk, self._pv, self._pu, self._pst, uk, tab, inv, key)
+        # ids are given to new receivers in the byte order of their keys (as np.unique over the keys did)
+        raw = [uk[j].tobytes() for j in range(u)]
+        ids = np.empty(u, np.int64)
+        for j in sorted(range(u), key=raw.__getitem__):
+            ids[j] = self._id(raw[j])
+        return ids[inv]
 
-    def _group_targets(self, if_id: np.ndarray, smac: np.ndarray, dmac: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """For group-addressed frames: the MAC their source last sent a unicast frame to (0 when unknown)."""
-        uni = ~group
-        if uni.any():  # remember the last unicast destination of each (interface, source)
-            pairs = np.stack([if_id[uni].astype(np.uint64), smac[uni], dmac[uni]], axis=1)[::-1]
-            _, first = np.unique(pairs[:, :2], axis=0, return_index=True)
-            for i_f, s, d in pairs[first].tolist():
-                self._peer[(i_f, s)] = d
-        out = np.zeros(int(group.sum()), np.uint64)
-        for j, (i_f, s) in enumerate(zip(if_id[group].tolist(), smac[group].tolist(), strict=True)):
-            out[j] = self._peer.get((i_f, s), 0)
-        return out
+    def _reserve_peers(self, n: int) -> None:
+        """Room for n more sources in the peer map, at most half full."""
+        need = int(self._pst[0]) + n
+        if 2 * need <= len(self._pu):
+            return
+        size = 1 << (2 * need).bit_length()
+        live = np.flatnonzero(self._pu)
+        pk, pv = np.ascontiguousarray(self._pk[live]), np.ascontiguousarray(self._pv[live])
+        self._pk, self._pv, self._pu = np.zeros((size, 2), np.uint64), np.zeros(size, np.uint64), np.zeros(size, bool)
+        peer_rehash(pk, pv, self._pk, self._pv, self._pu)
 
     def _id(self, key: bytes) -> int:
         i = self._index.get(key)
@@ -115,6 +176,17 @@ class Receivers:
             self._index[key] = i
             self.labels.append(_label(key))
         return i
+
+
+@njit(cache=True, entry=True, sig="u64[:, ::1], u64[::1], u64[:, ::1], u64[::1], b1[::1]")
+def peer_rehash(K, V, PK, PV, PU):
+    """Insert the entries (K, V) into the empty peer map (PK, PV, PU)."""
+    for r in range(K.shape[0]):
+        j = _peer_slot(PK, PU, K[r, 0], K[r, 1])
+        PU[j] = True
+        PK[j, 0] = K[r, 0]
+        PK[j, 1] = K[r, 1]
+        PV[j] = V[r]
 
 
 def _label(key: bytes) -> str:

@@ -1,0 +1,151 @@
+"""Receiver routing (gro/receivers.py) and ACK evidence (gro/evidence.py) against tshark on kernel captures.
+
+* ``acked_ends``: a data segment is flagged exactly when tshark's ``tcp.analysis.acks_frame`` of some later
+  frame names it (tshark also names SYN and FIN, which carry no payload and never end a super-packet).
+* ``Receivers.assign``: on Ethernet, unicast frames get the same receiver exactly when tshark shows the same
+  ``eth.dst``; on cooked captures, everything the capturing host received is one receiver and what it sent goes
+  by destination address; a broadcast frame goes to the host its source last sent unicast to.
+Small batches make every lookup cross batch boundaries.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bigtcp_pcap.capture.reader import CaptureReader
+from bigtcp_pcap.decode.decode import decode
+from bigtcp_pcap.gro.evidence import AckEvidence, acked_ends
+from bigtcp_pcap.gro.receivers import Receivers
+from tests.oracle import KERNEL, tshark_fields, write_pcap
+
+SENDER_CAPTURES = sorted(KERNEL.glob("*.snd.pcap")) + [KERNEL / "linktypes" / "vxlan.snd.pcap",
+                                                       KERNEL / "linktypes" / "qinq.snd.pcap"]
+
+
+def _flagged(path: Path, batch_size: int) -> tuple[set[int], dict[int, int]]:
+    """(the frames AckEvidence flags, the batch index of every frame)."""
+    ev, out, batch_of = AckEvidence(), set(), {}
+    for k, rb in enumerate(CaptureReader(path, batch_size=batch_size)):
+        batch_of.update(dict.fromkeys(rb.frame.tolist(), k))
+        pb, _ = decode(rb)
+        ready = ev.push(pb)
+        if ready is not None:
+            out.update(ready[0].frame[ready[2]].tolist())
+    ready = ev.finish()
+    out.update(ready[0].frame[ready[2]].tolist())
+    return out, batch_of
+
+
+def _last(v: str) -> str:
+    return v.split(",")[-1]  # the innermost header's value (tunnels)
+
+
+@pytest.mark.parametrize("path", SENDER_CAPTURES, ids=lambda p: p.name)
+def test_acked_ends_are_the_segments_a_later_reverse_ack_acknowledges(path):
+    """The definition, computed here over the fields tshark decodes: a data segment is evidenced when a later
+    packet of the reverse direction has ack = seq + len (mod 2**32), and that ACK arrives no later than the next
+    batch (the stage's lookahead). tshark's own ``tcp.analysis.acks_frame`` names a subset of them (it also
+    names SYN and FIN, which carry no payload)."""
+    f = ["frame.number", "ip.src", "ip.dst", "ipv6.src", "ipv6.dst", "tcp.srcport", "tcp.dstport", "tcp.len",
+         "tcp.seq_raw", "tcp.ack_raw", "tcp.flags.ack", "tcp.analysis.acks_frame"]
+    rows = tshark_fields(path, f, display_filter="tcp", prefs=[])
+    pkts = []
+    for r in rows:
+        src, dst = _last(r["ip.src"]) or _last(r["ipv6.src"]), _last(r["ip.dst"]) or _last(r["ipv6.dst"])
+        pkts.append((int(r["frame.number"]), (src, _last(r["tcp.srcport"])), (dst, _last(r["tcp.dstport"])),
+                     int(_last(r["tcp.len"])), int(_last(r["tcp.seq_raw"])), int(_last(r["tcp.ack_raw"])),
+                     _last(r["tcp.flags.ack"]) in ("1", "True")))
+    named = {int(x) for r in rows for x in r["tcp.analysis.acks_frame"].split(",") if x}
+    for batch in (300, 1 << 16):  # lookahead across batch boundaries, and the whole capture in one batch
+        got, batch_of = _flagged(path, batch)
+        acks: dict[tuple, list[int]] = {}  # (to, from, ack) -> frames
+        for fr, a, b, _, _, ack, is_ack in pkts:
+            if is_ack:
+                acks.setdefault((b, a, ack), []).append(fr)
+        want = {fr for fr, a, b, ln, seq, _, _ in pkts if ln > 0 and any(
+            j > fr and batch_of[j] <= batch_of[fr] + 1 for j in acks.get((a, b, (seq + ln) % 2**32), ()))}
+        assert len(want) > 20
+        assert got == want, batch
+        if batch == 1 << 16:
+            assert {x for x in named if any(p[0] == x and p[3] > 0 for p in pkts)} <= got
+
+
+def test_an_ack_before_the_segment_or_in_its_own_packet_does_not_count(tmp_path):
+    """Only later packets count: an old ACK with the same number (before a retransmission) says nothing."""
+    from tests.craft import eth, ipv4, tcp
+
+    def frame(sport, dport, seq, ack, payload, src=(10, 0, 0, 1), dst=(10, 0, 0, 2)):
+        ip = bytearray(ipv4(20 + payload))
+        ip[12:16], ip[16:20] = bytes(src), bytes(dst)
+        return eth(0x0800) + bytes(ip) + tcp(sport, dport, seq, ack) + b"x" * payload
+
+    pkts = [frame(5201, 40000, 1, 1100, 0, (10, 0, 0, 2), (10, 0, 0, 1)),  # ACK 1100, before the data
+            frame(40000, 5201, 1000, 1, 100),  # ends at 1100: no later ACK
+            frame(40000, 5201, 1100, 1, 100),  # ends at 1200, ACKed by the next frame
+            frame(5201, 40000, 1, 1200, 0, (10, 0, 0, 2), (10, 0, 0, 1)),
+            frame(40000, 5201, 1200, 1300, 100)]  # its own ack number is its own end: not evidence
+    pb, _ = decode(next(iter(CaptureReader(write_pcap(tmp_path / "a.pcap", pkts)))))
+    assert acked_ends(pb).tolist() == [False, False, True, False, False]
+    assert acked_ends(pb.take(np.arange(3)), pb.take(np.arange(3, 5))).tolist() == [False, False, True]
+
+
+def _receivers(path: Path, batch_size: int) -> tuple[np.ndarray, list[str]]:
+    rx, out = Receivers(), []
+    for rb in CaptureReader(path, batch_size=batch_size):
+        pb, _ = decode(rb)
+        out.append(rx.assign(rb, pb))
+    return np.concatenate(out), rx.labels
+
+
+def _same_partition(a: list, b: list) -> bool:
+    """a and b group the same positions together (a bijection between their values)."""
+    return len(set(a)) == len(set(b)) == len(set(zip(a, b, strict=True)))
+
+
+@pytest.mark.parametrize("path", SENDER_CAPTURES, ids=lambda p: p.name)
+def test_ethernet_receiver_is_the_destination_mac(path):
+    rows = [{k: v.split(",")[0] for k, v in r.items()}  # the outer Ethernet header (VXLAN has two)
+            for r in tshark_fields(path, ["eth.dst", "eth.dst.ig"], prefs=[])]
+    got, labels = _receivers(path, 100)
+    uni = [i for i, r in enumerate(rows) if r["eth.dst.ig"] in ("0", "False")]
+    assert len(uni) > 100
+    assert _same_partition([rows[i]["eth.dst"] for i in uni], got[uni].tolist())
+    assert all(labels[got[i]] == rows[i]["eth.dst"] for i in uni)
+
+
+@pytest.mark.parametrize("name", ["sll_v4_185000.rcv.pcap", "sll2_v6_185000.rcv.pcap"])
+def test_cooked_capture_receiver_is_the_capturing_host_or_the_destination(name):
+    path = KERNEL / "linktypes" / name
+    field = "sll.pkttype"
+    rows = tshark_fields(path, [field, "ip.dst", "ipv6.dst"], prefs=[])
+    got, labels = _receivers(path, 50)
+    sent = [i for i, r in enumerate(rows) if r[field] == "4" and (r["ip.dst"] or r["ipv6.dst"])]
+    received = [i for i, r in enumerate(rows) if r[field] not in ("4", "")]
+    assert sent and received
+    assert {labels[got[i]] for i in received} == {"capturing host"}
+    assert all(labels[got[i]] == (rows[i]["ip.dst"] or rows[i]["ipv6.dst"]) for i in sent)
+
+
+def test_broadcast_goes_to_the_host_its_source_last_sent_unicast_to(tmp_path):
+    """300 sources (the peer map grows and rehashes several times), each sending unicast to its own peer, then
+    an ARP broadcast; a source never seen sending unicast gets a group receiver of its own."""
+    def mac(i: int) -> bytes:
+        return bytes([2, 0, 0, 0]) + struct.pack(">H", i)
+
+    arp = struct.pack(">H", 0x0806) + bytes(28)
+    pkts, want = [], []
+    for i in range(300):
+        pkts.append(mac(1000 + i) + mac(i) + arp)  # unicast i -> 1000 + i
+        want.append(f"02:00:00:00:{(1000 + i) >> 8:02x}:{(1000 + i) & 0xFF:02x}")
+    for i in range(300):
+        pkts.append(b"\xff" * 6 + mac(i) + arp)
+        want.append(want[i])
+    pkts.append(b"\xff" * 6 + mac(5000) + arp)
+    want.append("group ff:ff:ff:ff:ff:ff")
+    path = write_pcap(tmp_path / "bcast.pcap", pkts)
+    got, labels = _receivers(path, 37)
+    assert [labels[g] for g in got] == want
