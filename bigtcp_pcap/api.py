@@ -192,7 +192,7 @@ class _Run:
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
         self.stats = _Stats()
-        self.tally = D.SuperPacketTally(cfg)
+        self.tally = D.SuperPacketTally(cfg, keep=self.tally_keeps)
         self.whatif = D.WhatIfInput()
         self.error: BigtcpError | None = None  # why the tables are partial
         self.stop: BaseException | None = None  # raised again once the tables are closed (interrupt, output fault)
@@ -207,6 +207,10 @@ class _Run:
         except BaseException:
             self.abort()
             raise
+
+    def tally_keeps(self, flow_id: np.ndarray) -> np.ndarray:
+        """The diagnosis keeps a flow's counts while the flow is in memory or among the top flows."""
+        return self.flows.in_memory(flow_id) | np.isin(flow_id, [r["flow_id"] for r in self.flow_sum.top])
 
     def open_sink(self, table: str) -> P.TableSink:
         spec = BY_NAME[table]  # output/tables.py: name, schema, writer thread

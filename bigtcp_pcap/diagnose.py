@@ -17,6 +17,7 @@ Three parts, all fed batch by batch from ``analyze()`` (bounded memory) and fini
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -75,21 +76,68 @@ KNOB_TEXT = {
 }
 
 
+class _KeyedSums:
+    """int64 sums (and a first-seen ordinal, kept by min) per int64 key ``flow << 7 | code``, from rows appended
+    batch by batch. The rows are merged by key whenever the appended ones outnumber the merged keys, and then
+    keys whose flow ``keep`` rejects (a flow that has left memory and is not among the top flows) are dropped:
+    memory follows the flows alive at once, not the capture. Vectorised; no Python per flow."""
+
+    def __init__(self, width: int, keep: Callable[[np.ndarray], np.ndarray] | None) -> None:
+        self.keep = keep
+        self.keys = np.zeros(0, np.int64)
+        self.sums = np.zeros((0, width), np.int64)
+        self.first = np.zeros(0, np.int64)
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending = 0
+
+    def add(self, keys: np.ndarray, sums: np.ndarray, first: np.ndarray) -> None:
+        self._parts.append((keys, sums, first))
+        self._pending += len(keys)
+        if self._pending > max(1 << 16, len(self.keys)):
+            self.merge(prune=True)
+
+    def merge(self, prune: bool = False) -> None:
+        if not self._parts:
+            return
+        k = np.concatenate([self.keys] + [p[0] for p in self._parts])
+        s = np.concatenate([self.sums] + [p[1] for p in self._parts])
+        f = np.concatenate([self.first] + [p[2] for p in self._parts])
+        self._parts, self._pending = [], 0
+        order = np.argsort(k, kind="stable")
+        k, s, f = k[order], s[order], f[order]
+        starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, np.int64)
+        k, s, f = k[starts], np.add.reduceat(s, starts, axis=0), np.minimum.reduceat(f, starts)
+        if prune and self.keep is not None and len(k):
+            live = self.keep(k >> 7)
+            k, s, f = k[live], s[live], f[live]
+        self.keys, self.sums, self.first = k, s, f
+
+    def of_flow(self, flow: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(codes, sums, first) of one flow's keys."""
+        self.merge()
+        lo, hi = np.searchsorted(self.keys, [flow << 7, (flow + 1) << 7])
+        return self.keys[lo:hi] & 127, self.sums[lo:hi], self.first[lo:hi]
+
+
 class SuperPacketTally:
     """Bytes and rows per (flow, flush reason), segments at NAPI budget, and observed super-packet sizes.
 
     A rebuilt row whose next segment could not have joined it anyway (``l3_len`` + one more segment >= the
     modelled limit of its IP version) is at the size limit, whatever the engine's reason (a PSH on the 45th
     segment of a 64 KiB super-packet): such rows are counted under ``size_limit``, and the reason the engine gave
-    is kept in ``also`` (``(flow, "size_limit") -> {"psh": rows}``).
+    is kept too (``also(flow)``: ``{"psh": rows}``).
     """
 
-    def __init__(self, cfg: GroConfig | None = None) -> None:
+    def __init__(self, cfg: GroConfig | None = None,
+                 keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         cfg = cfg or GroConfig()
         self.napi_weight = cfg.napi_weight
         self.limits = (cfg.ipv4_limit, cfg.gro_max_size)
-        self.by_key: dict[tuple[int, int], list[int]] = {}  # (flow, reason) -> [rows, bytes, rows at budget]
-        self.also: dict[int, dict[str, int]] = {}  # flow -> {engine reason: rows counted under size_limit}
+        # (flow << 7 | code) -> [rows, bytes, rows at budget] and a first-seen ordinal. code < 64: the reason the
+        # row is counted under; 64 + r: engine reason r of a row counted under size_limit (``also``)
+        self._sums = _KeyedSums(3, keep)
+        self._batches = 0
+        self._rows = 0
         self._obs: list[tuple[np.ndarray, ...]] = []
         self._obs_rows = 0
 
@@ -97,6 +145,7 @@ class SuperPacketTally:
         """Count one batch of rows (already labelled ``observed`` where the capture aggregated them)."""
         if not len(spb):
             return
+        n = len(spb)
         fid = spb.flow_id.astype(np.int64)
         reason = spb.flush_reason.astype(np.int64)
         nseg = np.maximum(spb.n_segments.astype(np.int64), 1)
@@ -104,28 +153,37 @@ class SuperPacketTally:
         limit = np.where(spb.ip_version == 4, self.limits[0], self.limits[1])
         bound = ((spb.source != SOURCE_OBSERVED) & (reason != R.SIZE_LIMIT) & (reason != R.OBSERVED)
                  & (spb.l3_len.astype(np.int64) + seg >= limit) & (spb.payload_len > 0))
-        if bound.any():
-            for f, r in zip(fid[bound].tolist(), reason[bound].tolist()):
-                d = self.also.setdefault(f, {})
-                d[R.REASON_NAMES[r]] = d.get(R.REASON_NAMES[r], 0) + 1
-            reason = np.where(bound, R.SIZE_LIMIT, reason)
-        key = fid * 64 + reason
-        uk, inv = np.unique(key, return_inverse=True)
-        rows = np.bincount(inv, minlength=uk.size)
-        nbytes = np.bincount(inv, weights=spb.payload_len.astype(np.float64), minlength=uk.size)
-        budget = np.bincount(inv, weights=(spb.n_segments >= self.napi_weight).astype(np.float64),
-                             minlength=uk.size)
-        for k, r, b, nb in zip(uk.tolist(), rows.tolist(), nbytes.tolist(), budget.tolist()):
-            acc = self.by_key.setdefault((k // 64, k % 64), [0, 0, 0])
-            acc[0] += r
-            acc[1] += int(b)
-            acc[2] += int(nb)
+        counted = np.where(bound, R.SIZE_LIMIT, reason)
+        sums = np.stack([np.ones(n, np.int64), spb.payload_len.astype(np.int64),
+                         (spb.n_segments >= self.napi_weight).astype(np.int64)], axis=1)
+        # ties in bytes rank by first appearance: batch, then reason (as a per-batch sort of the keys did)
+        self._sums.add((fid << 7) | counted, sums, self._batches * 64 + counted)
+        if bound.any():  # the engine's own reason of rows counted under size_limit, first row first
+            idx = np.flatnonzero(bound)
+            self._sums.add((fid[idx] << 7) | (64 + reason[idx]), sums[idx], self._rows + idx)
+        self._batches += 1
+        self._rows += n
         obs = spb.source == SOURCE_OBSERVED
         if obs.any() and self._obs_rows < OBSERVED_MAX_ROWS:
             self._obs.append((fid[obs], spb.ip_version[obs], spb.l3_len[obs].astype(np.int64),
                               spb.n_segments[obs].astype(np.int64), spb.payload_len[obs].astype(np.int64),
                               spb.tcp_flags[obs].astype(np.int64)))
             self._obs_rows += int(obs.sum())
+
+    def reasons(self, flow: int) -> list[tuple[str, list[int]]]:
+        """(reason, [rows, bytes, rows at the NAPI budget]) of one flow, most bytes first."""
+        code, sums, first = self._sums.of_flow(flow)
+        sel = code < 64
+        order = np.lexsort((first[sel], -sums[sel, 1]))
+        return [(R.REASON_NAMES[int(c)], [int(v) for v in row])
+                for c, row in zip(code[sel][order], sums[sel][order], strict=True)]
+
+    def also(self, flow: int) -> dict[str, int]:
+        """{engine reason: rows} of one flow's rows counted under size_limit, in order of first appearance."""
+        code, sums, first = self._sums.of_flow(flow)
+        sel = np.flatnonzero(code >= 64)
+        sel = sel[np.argsort(first[sel], kind="stable")]
+        return {R.REASON_NAMES[int(code[i]) - 64]: int(sums[i, 0]) for i in sel}
 
     def observed(self) -> dict[str, np.ndarray]:
         """Columns of the kept observed rows: flow_id, ip_version, l3_len, n_segments, payload_len, tcp_flags."""
@@ -304,9 +362,8 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
     for i in order:
         fid = int(flow_cols["flow_id"][i])
         ver = int(flow_cols["ip_version"][i])
-        items = [(R.REASON_NAMES[r], v) for (f, r), v in tally.by_key.items() if f == fid]
+        items = tally.reasons(fid)
         total = sum(v[1] for _, v in items) or 1
-        items.sort(key=lambda t: -t[1][1])
         reasons = []
         for name, (rows, nbytes, at_budget) in items:
             words, _ = REASON_TEXT.get(name, (name, None))
@@ -317,7 +374,7 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
                 lim = cfg.gro_max_size if ver == 6 else cfg.ipv4_limit
                 entry["text"] = f"the IPv{ver} size limit {lim:,} ({entry['knob']}"
                 entry["text"] += ", which gro_max_size does not raise)" if ver == 4 else ")"
-                also = tally.also.get(fid)
+                also = tally.also(fid)
                 if also:
                     entry["also"] = also
                     entry["text"] += (": " + ", ".join(f"{v:,} ended by {k}" for k, v in also.items())
