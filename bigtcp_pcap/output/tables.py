@@ -27,9 +27,9 @@ class Table:
 
 REGISTRY: tuple[Table, ...] = (
     Table("packets", PACKETS_SCHEMA, False, True, "one row per frame: decoded headers and true lengths"),
-    Table("superpackets", SUPERPACKETS_SCHEMA, True, False,
+    Table("superpackets", SUPERPACKETS_SCHEMA, True, True,
           "one row per super-packet GRO would build (or the capture shows), with why it ended"),
-    Table("flows", FLOWS_SCHEMA, True, False, "one row per TCP flow direction, streamed when the flow ends"),
+    Table("flows", FLOWS_SCHEMA, True, True, "one row per TCP flow direction, streamed when the flow ends"),
     Table("findings", FINDINGS_SCHEMA, True, False, "RFC 2675 violations, capture faults and notes, by frame"),
     Table("filter_audit", AUDIT_SCHEMA, True, False, "frames a capture filter mis-parses, with the reason"),
 )
