@@ -1,4 +1,5 @@
-"""The compiled cBPF interpreter against libpcap's own ``bpf_filter`` (the oracle, called through ctypes)."""
+"""The compiled cBPF interpreter (bpfvm) and the native translation (bpfc) against libpcap's own ``bpf_filter``
+(the oracle, called through ctypes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigtcp_pcap.audit import bpfvm
+from bigtcp_pcap.audit import bpfc, bpfvm
 from bigtcp_pcap.audit.libpcap import BpfInsn, CompiledFilter, FilterError, load
 from bigtcp_pcap.capture import CaptureReader
 
@@ -25,14 +26,35 @@ EXPRESSIONS = [
 ]
 
 
+def _values(backend: str, prog, buf, offs, caps, wires) -> list[int]:
+    """A program's return values on one backend: "vm" (bpfvm.run_batch) or "native" (bpfc)."""
+    if backend == "native":
+        fn = bpfc.native(prog)
+        assert fn is not None, "no native build: is a C compiler (cc) installed?"
+        return bpfc.run(fn, buf, offs, caps, wires).astype(np.int64).tolist()
+    got = np.zeros(len(offs), np.int64)
+    bpfvm.run_batch(*bpfvm.program_columns(prog), buf, offs, caps, wires, np.zeros(16, np.int64), got)
+    return got.tolist()
+
+
+@pytest.fixture(params=["vm", "native"])
+def backend(request, monkeypatch):
+    """Which path ``CompiledFilter.match_batch`` takes: the interpreter, or native code where it translates."""
+    if request.param == "vm":
+        monkeypatch.setenv(bpfc.ENV_DISABLE, "1")
+    else:
+        monkeypatch.delenv(bpfc.ENV_DISABLE, raising=False)
+    return request.param
+
+
 def _captures() -> list[Path]:
     caps = sorted(p for p in KERNEL.rglob("*.pcap*") if p.is_file())
     assert len(caps) >= 40
     return caps
 
 
-def test_libpcap_programs_on_the_kernel_captures():
-    compared = mismatched = 0
+def test_libpcap_programs_on_the_kernel_captures(backend):
+    compared = mismatched = native = runs = 0
     for cap in _captures():
         for rb in CaptureReader(cap):
             for lt in np.unique(rb.linktype).tolist():
@@ -44,10 +66,14 @@ def test_libpcap_programs_on_the_kernel_captures():
                         continue
                     args = (rb.buf, rb.off[sel], rb.caplen[sel], rb.wirelen[sel])
                     ref, got = cf.match_batch_libpcap(*args), cf.match_batch(*args)
+                    native += cf._native is not None
+                    runs += 1
                     compared += len(sel)
                     mismatched += int((ref != got).sum())
                     assert (ref == got).all(), (cap.name, expr, np.flatnonzero(ref != got)[:5])
     assert compared > 250_000 and mismatched == 0
+    # every program ran as native code on that backend (protochain's backward jumps too)
+    assert (native == runs) if backend == "native" else (native == 0)
 
 
 def _libpcap_values(prog: list[tuple[int, int, int, int]], packets: list[tuple[bytes, int]]) -> list[int]:
@@ -112,7 +138,7 @@ def _random_program(rng: np.random.Generator, n: int) -> list[tuple[int, int, in
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_programs_return_libpcaps_values(seed):
+def test_random_programs_return_libpcaps_values(seed, backend):
     rng = np.random.default_rng(seed)
     packets = []
     for _ in range(60):
@@ -126,24 +152,28 @@ def test_random_programs_return_libpcaps_values(seed):
     nonzero = 0
     for _ in range(40):
         prog = _random_program(rng, int(rng.integers(5, 60)))
-        got = np.zeros(len(packets), np.int64)
-        bpfvm.run_batch(*bpfvm.program_columns(prog), buf, offs, caps, wires, np.zeros(16, np.int64), got)
+        got = _values(backend, prog, buf, offs, caps, wires)
         ref = _libpcap_values(prog, packets)
-        assert got.tolist() == ref, prog
+        assert got == ref, prog
         nonzero += sum(1 for v in ref if v)
     assert nonzero > 100  # the programs do accept packets, with various return values
 
 
-def test_a_jump_off_the_program_or_an_unknown_opcode_rejects():
+def test_a_jump_off_the_program_or_an_unknown_opcode_rejects(backend):
     buf = np.zeros(64, np.uint8)
     one = np.zeros(1, np.int64)
     for prog in ([(0x05, 0, 0, 5), (0x06, 0, 0, 1)],  # JA beyond the end
+                 [(0x15, 7, 7, 0), (0x06, 0, 0, 1)],  # a conditional jump beyond the end
                  [(0x05, 0, 0, 0xFFFFFFFE), (0x06, 0, 0, 1)],  # JA before the start
+                 [(0x05, 0, 0, 0xFFFFFFFF), (0x06, 0, 0, 1)],  # JA to itself: the step limit ends it
                  [(0xFF, 0, 0, 0), (0x06, 0, 0, 1)],  # no such opcode
-                 [(0x00, 0, 0, 7)]):  # falls off the end without a RET
-        out = np.ones(1, np.int64)
-        bpfvm.run_batch(*bpfvm.program_columns(prog), buf, one, one + 60, one + 60, np.zeros(16, np.int64), out)
-        assert out[0] == 0, prog
+                 [(0x00, 0, 0, 7)],  # falls off the end without a RET
+                 [(0x00, 0, 0, 7), (0x34, 0, 0, 0), (0x16, 0, 0, 0)],  # A / 0
+                 [(0x00, 0, 0, 7), (0x60, 0, 0, 16), (0x16, 0, 0, 0)]):  # scratch word 16
+        if backend == "native" and not bpfc.translatable(prog):
+            assert bpfc.native(prog) is None  # left to the interpreter
+            continue
+        assert _values(backend, prog, buf, one, one + 60, one + 60) == [0], prog
 
 
 def test_known_opcodes_cover_what_libpcap_emits_and_the_rest_goes_to_libpcap(monkeypatch):
