@@ -172,7 +172,7 @@ def native(instructions: list[tuple[int, int, int, int]]) -> Callable | None:
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_void_p]
-    except OSError:
+    except (OSError, subprocess.SubprocessError):  # an unwritable cache, a compiler that hangs
         fn = None
     _LOADED[digest] = fn
     return fn

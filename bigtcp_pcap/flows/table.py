@@ -294,17 +294,20 @@ def _retire(F, TAB, KY, ZL, ST, s):
       sig=("u8[::1], u64[:, ::1], u64[:, ::1], u16[::1], u16[::1], b1[::1], u32[::1], u32[::1], u8[::1], "
           "i64[::1], u64[::1], u16[::1], u16[::1], u32[::1], i64[::1], i64[:, ::1], u64[:, ::1], i64[:, :, "
           "::1], i64[::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
-          "i64[::1], i64[::1], i64[::1]"))
+          "i64[::1], i64[::1], i64[::1], i64, i64"))
 def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, frame, flags, mss, seq, TO, F, KY,
-                H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid):
-    """One pass over a batch: flow_id of each ``mask`` row (-1 elsewhere), new flows, counters, histogram,
-    sequence bookkeeping. The caller guarantees room for one new flow and one histogram entry per row."""
+                H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid, start, room):
+    """One pass over rows ``start..`` of a batch: flow_id of each ``mask`` row (-1 elsewhere), new flows,
+    counters, histogram, sequence bookkeeping. The caller guarantees room for ``room`` new flows and one
+    histogram entry per row; the pass stops before the row that would need flow ``room + 1`` and returns its
+    index (the caller makes room and goes on from there), or the batch length when it is done."""
     idle = TO[0]
     close = TO[1]
     pw = np.uint64(0)
     ps0 = ps1 = pd0 = pd1 = np.uint64(0)
     prev = np.int64(-1)
-    for i in range(mask.shape[0]):
+    made = np.int64(0)
+    for i in range(start, mask.shape[0]):
         if not mask[i]:
             fid[i] = -1
             continue
@@ -324,6 +327,9 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             _retire(F, TAB, KY, ZL, ST, f)
             f = np.int64(-2)
         if f < 0:
+            if made == room:
+                return np.int64(i)  # out of room; a retire above is redone as a miss on the way back
+            made += 1
             h = _digest(w, s0, s1, d0, d1)
             ST[S_FREE_TOP] -= 1
             f = FREE_[ST[S_FREE_TOP]]
@@ -383,6 +389,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
         if pl > 0:
             _hist_add(F, f, 0, pl, 1, F_HHEAD, F_HLAST, HK, HV, EL, EC, EN, ST)
         _seq_step(F, H, f, seq[i], pl, fl)
+    return np.int64(mask.shape[0])
 
 
 @njit(cache=True, entry=True,
@@ -717,6 +724,8 @@ class FlowTable:
         self.HK, self.HV, ST[S_HTAB_FILL] = self._room(self.HK, self.HV, int(ST[S_HTAB_FILL]), used, entries)
 
     # --- the pipeline ------------------------------------------------------------------------------------------
+    NEW_FLOWS_STEP = 4096  # new flows made room for at a time (at least; a quarter of those alive when more)
+
     def __len__(self) -> int:
         """Flows seen so far (rows written and alive)."""
         return int(self.ST[S_NEXT_ID])
@@ -732,13 +741,16 @@ class FlowTable:
         n = len(pb)
         fid = np.empty(n, np.int64)
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
-        self._reserve(n, n)
         src = np.ascontiguousarray(pb.src).view(np.uint64)  # (n, 2) words
         dst = np.ascontiguousarray(pb.dst).view(np.uint64)
-        flow_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, pb.tcp_payload_len, pb.wirelen, pb.bigtcp,
-                    pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, self._TO, self.F, self.KY, self.H,
-                    self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE, self.ZL,
-                    self.ST, fid)
+        i = 0
+        while i < n:  # room for new flows in steps (not one per row up front: memory follows the flows)
+            room = min(n - i, max(self.NEW_FLOWS_STEP, self.alive // 4))
+            self._reserve(room, n - i)
+            i = int(flow_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, pb.tcp_payload_len, pb.wirelen,
+                                pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, self._TO, self.F,
+                                self.KY, self.H, self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC,
+                                self.EN, self.FREE, self.ZL, self.ST, fid, i, room))
         return fid
 
     def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray) -> None:

@@ -111,3 +111,26 @@ def test_gro_key_recycling_keeps_every_row(many_flows):
     for k in rows[False]:
         np.testing.assert_array_equal(rows[True][k], rows[False][k], err_msg=k)
     assert kept[True] < kept[False] / 3
+
+
+@pytest.mark.parametrize("step", [1, 7])
+def test_room_for_new_flows_made_in_steps_changes_nothing(many_flows, monkeypatch, step):
+    """The flow kernel stops where it runs out of room for new flows and goes on after the table grew: with room
+    for 1 or 7 new flows at a time (thousands of stops) every flow id and every flow row is the same."""
+    def run() -> tuple[list, list]:
+        ft, fids, rows = FlowTable(close_timeout_ns=50_000_000), [], []
+        for pb, _ in iter_batches(many_flows, batch_size=3000):
+            fids.append(ft.assign(pb))
+            rows.append(ft.expire(int(pb.ts_ns.max()), np.zeros(0, np.int64)))
+        rows.append(ft.expire(0, everything=True))
+        return fids, [pd.DataFrame({k: list(v) for k, v in r.items()}) for r in rows if r is not None]
+
+    want_fids, want_rows = run()
+    monkeypatch.setattr(FlowTable, "NEW_FLOWS_STEP", step)
+    monkeypatch.setattr(FlowTable, "alive", property(lambda self: 0))  # the step alone decides the room
+    got_fids, got_rows = run()
+    assert sum(len(f) for f in want_fids) == 20000 and len(want_rows) > 3
+    for a, b in zip(got_fids, want_fids, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(got_rows, want_rows, strict=True):
+        pd.testing.assert_frame_equal(a, b)
