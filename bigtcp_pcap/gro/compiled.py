@@ -366,7 +366,8 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
                                            S[g, E_ID0], S[g, E_COUNT], S[g, E_FIXED] != 0)
                 if why == MERGE:
                     # R15: merge; count += gso_segs, p->len += len
-                    S[g, E_FIXED] = 1 if fixed else 0
+                    if fixed:  # (a merge never leaves the fixed-ID mode: nothing to store otherwise)
+                        S[g, E_FIXED] = 1
                     S[g, E_PLEN] += ln
                     S[g, E_COUNT] += cnt
                     S[g, E_NPK] += 1

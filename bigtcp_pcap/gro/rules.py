@@ -156,7 +156,7 @@ def merge_verdict(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, gsz, ipid, needs
     # (RST, SYN and URG are in the flag word, so fwm == p_fwm excludes them: see above)
     if not fm and (f & cwr_mask) == 0 and ln != 0 and seq == p_nxt and ack == p_ack and fwm == p_fwm \
             and opt == p_opt and l3w == p_l3w:
-        fixed = p_fixed
+        fixed = v4 and p_fixed  # (R14.5 is IPv4's: an IPv6 p is never in fixed-ID mode)
         if v4:
             # R14.5: IPv4 ID fixed (delta 0) or incrementing (delta == count), the mode decided on packet 2;
             # before 6.18 the fixed mode needed DF
