@@ -366,7 +366,8 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
                                            S[g, E_ID0], S[g, E_COUNT], S[g, E_FIXED] != 0)
                 if why == MERGE:
                     # R15: merge; count += gso_segs, p->len += len
-                    S[g, E_FIXED] = 1 if fixed else 0
+                    if fixed:  # (a merge never leaves the fixed-ID mode: nothing to store otherwise)
+                        S[g, E_FIXED] = 1
                     S[g, E_PLEN] += ln
                     S[g, E_COUNT] += cnt
                     S[g, E_NPK] += 1
@@ -633,10 +634,13 @@ def _prepare_kernel(ver, l4_proto, l4_off, fid, status, ip_hdr_len, tunnel, ip_l
         v6 = v == 6
         st = np.int64(status[i])
         tcp = (v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and (st & NO_GRO_STATUS) == 0
-        giveup = tcp and ((v4 and ip_hdr_len[i] != 20) or (st & ST_TRUNC_L4) != 0 or tunnel[i] != 0)
-        # R5/R9: a first fragment whose TCP header was read is delivered alone (a row), held entries untouched
-        giveup = giveup or ((v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and l4_off[i] >= 0
-                            and (st & ST_IP_FRAGMENT) != 0 and (st & FRAGMENT_OTHER) == 0)
+        if tcp:
+            giveup = (v4 and ip_hdr_len[i] != 20) or (st & ST_TRUNC_L4) != 0 or tunnel[i] != 0
+        else:
+            # R5/R9: a first fragment whose TCP header was read is delivered alone (a row), held entries
+            # untouched (never a ``tcp`` row: ST_IP_FRAGMENT is in NO_GRO_STATUS, so only tested on the others)
+            giveup = ((st & ST_IP_FRAGMENT) != 0 and (st & FRAGMENT_OTHER) == 0 and (v4 or v6)
+                      and l4_proto[i] == 6 and fid[i] >= 0 and l4_off[i] >= 0)
         kind[i] = KIND_ALONE if giveup else (KIND_TCP if tcp else KIND_OTHER)
         declared = np.int64(ip_len_field[i]) + (40 if v6 else 0)
         l3o = np.int64(l3_off[i])

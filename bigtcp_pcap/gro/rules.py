@@ -81,10 +81,16 @@ def r7_r11_flushmark(declared, frame_l3, l3_off, pad_flush, v4, evil):
     fixed header) disagrees with the L3 bytes of the frame, or (IPv4) the reserved evil bit is set.
 
     With ``pad_flush`` false, Ethernet padding (a short frame with more L3 bytes than declared) is not a
-    mismatch. Bitwise operators only: works on numpy arrays too."""
-    mism = declared != frame_l3
-    padded = (declared > 0) & (declared < frame_l3) & (l3_off + declared < ETH_MIN_FRAME)
-    return (mism & (pad_flush | (padded ^ True))) | (v4 & (evil != 0))
+    mismatch. Bitwise operators only: works on numpy arrays too. The ``np.any`` guards only skip work that
+    cannot change the result (no length mismatch: no padding to excuse; no IPv4 row: no evil bit), so the
+    compiled loop branches past both on the common packet instead of computing every term branch-free."""
+    fm = declared != frame_l3
+    if np.any(fm) and not pad_flush:
+        padded = (declared > 0) & (declared < frame_l3) & (l3_off + declared < ETH_MIN_FRAME)
+        fm = fm & (padded ^ True)
+    if np.any(v4):
+        fm = fm | (v4 & (evil != 0))
+    return fm
 
 
 @njit(cache=True, inline="always")
@@ -150,7 +156,7 @@ def merge_verdict(fm, f, cwr_mask, fwm, ack, opt, l3w, seq, ln, gsz, ipid, needs
     # (RST, SYN and URG are in the flag word, so fwm == p_fwm excludes them: see above)
     if not fm and (f & cwr_mask) == 0 and ln != 0 and seq == p_nxt and ack == p_ack and fwm == p_fwm \
             and opt == p_opt and l3w == p_l3w:
-        fixed = p_fixed
+        fixed = v4 and p_fixed  # (R14.5 is IPv4's: an IPv6 p is never in fixed-ID mode)
         if v4:
             # R14.5: IPv4 ID fixed (delta 0) or incrementing (delta == count), the mode decided on packet 2;
             # before 6.18 the fixed mode needed DF
