@@ -190,7 +190,9 @@ class SuperPacketTally:
         names = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
         if not self._obs:
             return {n: np.zeros(0, np.int64) for n in names}
-        return {n: np.concatenate([o[i] for o in self._obs]).astype(np.int64) for i, n in enumerate(names)}
+        if len(self._obs) > 1:  # joined once (the inference and the diagnosis both read them)
+            self._obs = [tuple(np.concatenate([o[i] for o in self._obs]) for i in range(len(names)))]
+        return {n: self._obs[0][i].astype(np.int64) for i, n in enumerate(names)}
 
 
 @dataclass

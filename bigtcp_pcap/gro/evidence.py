@@ -44,13 +44,22 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
     in the set already, i.e. ACKed by a later packet, gets ``out[i] = True``. A packet's own ACK is added after
     its check, so it never counts for itself."""
     m = np.int64(SET.shape[0] - 1)
+    pv = np.uint8(0)  # the previous TCP row's 5-tuple and its two digests: runs of one flow skip the mixing
+    ps0 = ps1 = pd0 = pd1 = np.uint64(0)
+    psp = pdp = np.uint16(0)
+    fwd = rev = np.uint64(0)
     for i in range(ver.shape[0] - 1, -1, -1):
         v = ver[i]
         if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
             continue
+        s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
+        if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
+            fwd = _dir_digest(v, s0, s1, d0, d1, sp, dp)
+            rev = _dir_digest(v, d0, d1, s0, s1, dp, sp)
+            pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         if check and plen[i] > 0:
             end = (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32
-            k = _fmix(_dir_digest(v, src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]), end)
+            k = _fmix(fwd, end)
             j = np.int64(k & np.uint64(m))
             while USED[j]:
                 if SET[j] == k:
@@ -58,8 +67,7 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
                     break
                 j = (j + 1) & m
         if flags[i] & TH_ACK:
-            k = _fmix(_dir_digest(v, dst[i, 0], dst[i, 1], src[i, 0], src[i, 1], dport[i], sport[i]),
-                      np.uint64(ack[i]))
+            k = _fmix(rev, np.uint64(ack[i]))
             j = np.int64(k & np.uint64(m))
             while USED[j] and SET[j] != k:
                 j = (j + 1) & m

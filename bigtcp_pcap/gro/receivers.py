@@ -110,6 +110,10 @@ def receiver_keys(lt, cap, ver, dst, if_id, buf, off, PK, PV, PU, PST, UK, TAB, 
     TAB[:] = -1
     u = 0
     for i in range(n):  # distinct keys, first appearance first
+        if i and KEY[i, 0] == KEY[i - 1, 0] and KEY[i, 1] == KEY[i - 1, 1] and KEY[i, 2] == KEY[i - 1, 2] \
+                and KEY[i, 3] == KEY[i - 1, 3]:
+            inv[i] = inv[i - 1]  # runs of one receiver skip the table
+            continue
         h = _fmix(_fmix(_fmix(_fmix(_SEED, KEY[i, 0]), KEY[i, 1]), KEY[i, 2]), KEY[i, 3])
         j = np.int64(h & np.uint64(m))
         while True:
