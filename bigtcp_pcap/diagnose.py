@@ -186,13 +186,14 @@ class SuperPacketTally:
         return {R.REASON_NAMES[int(code[i]) - 64]: int(sums[i, 0]) for i in sel}
 
     def observed(self) -> dict[str, np.ndarray]:
-        """Columns of the kept observed rows: flow_id, ip_version, l3_len, n_segments, payload_len, tcp_flags."""
+        """Columns of the kept observed rows: flow_id, ip_version, l3_len, n_segments, payload_len, tcp_flags, in
+        their own narrow types (callers widen what they select: ~1 M rows would be 48 MiB as int64)."""
         names = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
         if not self._obs:
             return {n: np.zeros(0, np.int64) for n in names}
         if len(self._obs) > 1:  # joined once (the inference and the diagnosis both read them)
             self._obs = [tuple(np.concatenate([o[i] for o in self._obs]) for i in range(len(names)))]
-        return {n: self._obs[0][i].astype(np.int64) for i, n in enumerate(names)}
+        return dict(zip(names, self._obs[0], strict=True))
 
 
 @dataclass
@@ -268,7 +269,8 @@ def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int)
         sel = obs["ip_version"] == ver
         if not sel.any():
             continue
-        out["host"].append(_infer_version(ver, obs["l3_len"][sel], obs["n_segments"][sel], obs["payload_len"][sel],
+        out["host"].append(_infer_version(ver, *(obs[c][sel].astype(np.int64) for c in
+                                                 ("l3_len", "n_segments", "payload_len")),
                                           tally.napi_weight, cfg, out["contradictions"]))
     return out
 
@@ -435,7 +437,7 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
 
 def _observed_ends(obs: dict[str, np.ndarray], fid: int, weight: int) -> dict[str, Any]:
     sel = obs["flow_id"] == fid
-    nseg, l3, pay, flags = obs["n_segments"][sel], obs["l3_len"][sel], obs["payload_len"][sel], obs["tcp_flags"][sel]
+    nseg, l3, pay, flags = (obs[c][sel].astype(np.int64) for c in ("n_segments", "l3_len", "payload_len", "tcp_flags"))
     if not nseg.size:
         return {"ends": {}, "ends_text": "sizes not kept"}
     mss = int(np.max((pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1)))
