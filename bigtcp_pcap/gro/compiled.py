@@ -20,7 +20,7 @@ reference engine: no rule is written twice.
 State layout (struct of arrays, grown in Python between batches):
 
 * ``_S[g, field]``: one row per flow key (gid): its static facts (queue, bucket, IP version, ports, the ids
-  of its SYN-MSS directions, largest plain segment) and its held entry p (``E_*`` fields, valid while
+  of its SYN-MSS directions, R2 fallback limit, largest plain segment) and its held entry p (``E_*`` fields, valid while
   ``G_HELD``). A key holds at most one entry at a time (the reference's ``_held[g]``), so the pool of held
   entries is indexed by gid and needs no free list; ``max_gro_skbs = inf`` needs no cap.
 * bucket lists (oldest -> newest) are doubly linked lists through ``G_PREV``/``G_NEXT`` with head, tail and
@@ -88,7 +88,8 @@ G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT 
 (E_Q, E_FID, E_L2, E_HDR, E_SEQ0, E_NXT, E_ACK, E_FWM, E_OPT, E_L3W, E_ID0, E_FIXED, E_MSS, E_GSO, E_COUNT,
  E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(11, 35)
 G_FIDL = 35  # flow id of the key's last packet (recycle: the key's state goes when that flow has ended)
-NSF = 36
+G_FBL = 36  # rules.r2_fallback_limit of the key (static: fallback_mtu and its IP version)
+NSF = 37
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
 Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN = range(11)
 NQF = 11
@@ -260,8 +261,7 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
 def _plain_limit(S, D, C, g):
     """R2 detection for flow g (rules.r2_plain_limit on its SYN MSS)."""
-    return r2_plain_limit(C[C_GSO_AUTO] != 0, r2_syn_mss(D[S[g, G_RDID]], D[S[g, G_DID]]), C[C_FALLBACK_MTU],
-                          S[g, G_V4] != 0)
+    return r2_plain_limit(C[C_GSO_AUTO] != 0, r2_syn_mss(D[S[g, G_RDID]], D[S[g, G_DID]]), S[g, G_FBL])
 
 
 @njit(cache=True, inline="always")
@@ -872,6 +872,8 @@ class CompiledGroEngine:
         s[:, G_Q] = rx[rows] * nq + ((h >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
         s[:, G_B] = (h % np.uint64(nb)).astype(np.int64)  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
         s[:, G_V4] = v4
+        mtu = self.config.fallback_mtu
+        s[:, G_FBL] = np.where(v4, rules.r2_fallback_limit(mtu, True), rules.r2_fallback_limit(mtu, False))
         s[:, G_SPORT] = sport
         s[:, G_DPORT] = dport
         s[:, G_GMAX] = 0

@@ -64,6 +64,7 @@ _py = python_twin("bigtcp_pcap.gro.rules")
 merge_verdict = _py.merge_verdict
 r2_syn_mss, r2_plain_limit, r2_gso_size, r2_gso_segs = _py.r2_syn_mss, _py.r2_plain_limit, _py.r2_gso_size, \
     _py.r2_gso_segs
+r2_fallback_limit = _py.r2_fallback_limit
 r16_completes, r16_ored_flags, r16_reason = _py.r16_completes, _py.r16_ored_flags, _py.r16_reason
 r17_goes_alone, r17_alone_reason = _py.r17_goes_alone, _py.r17_alone_reason
 r20_completed, r20_observed = _py.r20_completed, _py.r20_observed
@@ -271,7 +272,8 @@ class GroEngine:
 
     def _plain_limit(self, g: int) -> int:
         """R2 detection: a payload above this cannot be one wire segment of flow g."""
-        return r2_plain_limit(self._gso_auto, self._syn_mss_of(g), self.config.fallback_mtu, self._g_v4[g])
+        return r2_plain_limit(self._gso_auto, self._syn_mss_of(g),
+                              r2_fallback_limit(self.config.fallback_mtu, self._g_v4[g]))
 
     def _on_syn(self, g: int, mss: int) -> None:
         """Record a SYN's MSS option and refresh the R2 limits of both directions."""

@@ -115,14 +115,20 @@ def r2_syn_mss(a, b):
     return a if a else b
 
 
+def r2_fallback_limit(fallback_mtu, v4):
+    """R2 detection without a SYN MSS: what fits the MTU (less the IP and TCP headers), a static fact of the flow
+    (its IP version); the engines compute it once per flow key for ``r2_plain_limit``."""
+    return fallback_mtu - (20 if v4 else 40) - 20
+
+
 @njit(cache=True, inline="always")
-def r2_plain_limit(gso_auto, syn_mss, fallback_mtu, v4):
-    """R2 detection: a payload above this cannot be one wire segment (the SYN MSS, else what fits the MTU)."""
+def r2_plain_limit(gso_auto, syn_mss, fallback_limit):
+    """R2 detection: a payload above this cannot be one wire segment (the SYN MSS, else ``r2_fallback_limit``)."""
     if not gso_auto:
         return NO_LIMIT
     if syn_mss:
         return syn_mss
-    return fallback_mtu - (20 if v4 else 40) - 20
+    return fallback_limit
 
 
 @njit(cache=True, inline="always")
