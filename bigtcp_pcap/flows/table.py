@@ -760,18 +760,20 @@ class FlowTable:
         superpackets_kernel(fids, np.ascontiguousarray(payload_len, np.int64), self.F, self.FK, self.FV, self.HK,
                             self.HV, self.EL, self.EC, self.EN, self.ST)
 
-    def in_memory(self, flow_id: np.ndarray) -> np.ndarray:
-        """Per flow id: is the flow still in memory (alive, or ended with its row not yet written)?"""
+    def _slots(self, flow_id: np.ndarray) -> np.ndarray:
+        """Slot per flow id of flows still in memory, -1 for the others."""
         fids = np.ascontiguousarray(flow_id, np.int64)
         slots = np.empty(fids.shape[0], np.int64)
         slots_kernel(fids, self.FK, self.FV, slots)
-        return slots >= 0
+        return slots
+
+    def in_memory(self, flow_id: np.ndarray) -> np.ndarray:
+        """Per flow id: is the flow still in memory (alive, or ended with its row not yet written)?"""
+        return self._slots(flow_id) >= 0
 
     def _key_rows(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(KY rows, known) per flow id: the key words of flows still in memory (row 0's for the others)."""
-        fids = np.ascontiguousarray(flow_id, np.int64)
-        slots = np.empty(fids.shape[0], np.int64)
-        slots_kernel(fids, self.FK, self.FV, slots)
+        slots = self._slots(flow_id)
         known = slots >= 0
         return self.KY[np.where(known, slots, 0)], known
 

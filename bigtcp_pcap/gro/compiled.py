@@ -97,8 +97,8 @@ NQF = 11
 B_HEAD, B_TAIL, B_LEN = range(3)
 # --- config vector _C ------------------------------------------------------------------------------------------
 (C_LIM4, C_LIM6, C_GAP, C_CWR, C_GSO_AUTO, C_NEEDS_DF, C_MAXSKBS, C_HZ, C_PHASE, C_FLUSH_OLD_FULL, C_TMO,
- C_WEIGHT, C_DEFER, C_FALLBACK_MTU, C_HBH, C_NB, C_NQ, C_RXU, C_RXF) = range(19)
-NCF = 19
+ C_WEIGHT, C_DEFER, C_HBH, C_NB, C_NQ, C_RXU, C_RXF) = range(18)
+NCF = 18
 
 _OUT_TYPES = tuple(COLUMN_TYPES.values())
 _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts polls
@@ -705,7 +705,6 @@ class CompiledGroEngine:
         C[C_TMO] = cfg.gro_flush_timeout_ns
         C[C_WEIGHT] = cfg.napi_weight
         C[C_DEFER] = cfg.napi_defer_hard_irqs
-        C[C_FALLBACK_MTU] = cfg.fallback_mtu
         C[C_HBH] = cfg.ipv6_hbh
         C[C_NB] = cfg.gro_hash_buckets
         C[C_NQ] = cfg.rx_queues

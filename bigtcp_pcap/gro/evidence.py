@@ -22,28 +22,19 @@ import numpy as np
 
 from .._native import njit
 from ..decode.schema import TH_ACK, PacketBatch
-from ..flows.table import _fmix
+from ..flows.table import EMPTY, _digest, _fmix, _hm_find, _hm_insert
 
-_H0 = np.uint64(0x243F6A8885A308D3)
 _U32 = np.uint64(0xFFFFFFFF)
-
-
-@njit(cache=True, inline="always")
-def _dir_digest(ver, a0, a1, b0, b1, sp, dp):
-    """64-bit digest of one flow direction (version, from-address, to-address, from-port, to-port)."""
-    h = _fmix(_fmix(_fmix(_fmix(_H0, a0), a1), b0), b1)
-    return _fmix(h, (np.uint64(ver) << np.uint64(32)) | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp))
 
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u64[::1], b1[::1], b1[::1], bool"))
-def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, SET, USED, out, check):
-    """Backwards over one batch. Every ACK's (reverse flow, ack number) key goes into the set (SET/USED: open
-    addressing, power-of-two size, at most half full); with ``check``, a data segment whose (flow, end) key is
-    in the set already, i.e. ACKed by a later packet, gets ``out[i] = True``. A packet's own ACK is added after
-    its check, so it never counts for itself."""
-    m = np.int64(SET.shape[0] - 1)
+           "u64[:, ::1], u64[::1], i64[::1], b1[::1], bool"))
+def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, K, V, out, check):
+    """Backwards over one batch. Every ACK's (reverse flow, ack number) key goes into the set (K/V: the flow
+    table's open-addressing map, at most half full); with ``check``, a data segment whose (flow, end) key is in
+    the set already, i.e. ACKed by a later packet, gets ``out[i] = True``. A packet's own ACK is added after its
+    check, so it never counts for itself. Flow directions are digested as the flow table digests its keys."""
     pv = np.uint8(0)  # the previous TCP row's 5-tuple and its two digests: runs of one flow skip the mixing
     ps0 = ps1 = pd0 = pd1 = np.uint64(0)
     psp = pdp = np.uint16(0)
@@ -54,33 +45,26 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
             continue
         s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
         if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
-            fwd = _dir_digest(v, s0, s1, d0, d1, sp, dp)
-            rev = _dir_digest(v, d0, d1, s0, s1, dp, sp)
+            vw = np.uint64(v) << np.uint64(32)
+            fwd = _digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1)
+            rev = _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1)
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         if check and plen[i] > 0:
-            end = (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32
-            k = _fmix(fwd, end)
-            j = np.int64(k & np.uint64(m))
-            while USED[j]:
-                if SET[j] == k:
-                    out[i] = True
-                    break
-                j = (j + 1) & m
+            k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
+            if _hm_find(K, V, k, k) >= 0:  # (the key is a digest already: it is its own hash)
+                out[i] = True
         if flags[i] & TH_ACK:
             k = _fmix(rev, np.uint64(ack[i]))
-            j = np.int64(k & np.uint64(m))
-            while USED[j] and SET[j] != k:
-                j = (j + 1) & m
-            SET[j] = k
-            USED[j] = True
+            if _hm_find(K, V, k, k) < 0:
+                _hm_insert(K, V, k, k, np.int64(0))
 
 
-def _scan(pb: PacketBatch, SET: np.ndarray, USED: np.ndarray, out: np.ndarray, check: bool) -> None:
+def _scan(pb: PacketBatch, K: np.ndarray, V: np.ndarray, out: np.ndarray, check: bool) -> None:
     n = len(pb)
     src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
     dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
     ack_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq, pb.tcp_ack,
-             pb.sport, pb.dport, src, dst, SET, USED, out, check)
+             pb.sport, pb.dport, src, dst, K, V, out, check)
 
 
 def acked_ends(pb: PacketBatch, lookahead: PacketBatch | None = None) -> np.ndarray:
@@ -88,12 +72,12 @@ def acked_ends(pb: PacketBatch, lookahead: PacketBatch | None = None) -> np.ndar
     exactly this data segment's end (keys compared by their 64-bit digest)."""
     n2 = len(lookahead) if lookahead is not None else 0
     size = 1 << max(4, int(2 * (len(pb) + n2)).bit_length())
-    SET, USED = np.empty(size, np.uint64), np.zeros(size, np.bool_)
+    K, V = np.empty(size, np.uint64), np.full(size, EMPTY, np.int64)
     out = np.zeros(len(pb), np.bool_)
     if n2:  # every ACK of the lookahead is later than every segment of pb
-        _scan(lookahead, SET, USED, np.zeros(0, np.bool_), False)
+        _scan(lookahead, K, V, np.zeros(0, np.bool_), False)
     if len(pb):
-        _scan(pb, SET, USED, out, True)
+        _scan(pb, K, V, out, True)
     return out
 
 
