@@ -134,6 +134,7 @@ def _numba():
 _AOT, _EXPORTS, MODE = _load_aot()
 _force_jit = False  # set while a private JIT copy of a kernel module is executing
 _force_python = False  # set while a private plain-Python copy of a module is executing (``python_twin``)
+compiled_only: dict[Any, str] = {}  # code object -> name of each loop the AOT module holds only inlined
 fallbacks: dict[str, int] = {}  # entry point -> calls that ran on the JIT (argument types the build did not see)
 
 
@@ -206,6 +207,7 @@ def njit(*args: Any, entry: bool = False, sig: str | list[str] | None = None, **
         key = f"{f.__module__}.{f.__qualname__}"
         if entry and key in _EXPORTS:
             return _Guarded(f, key, _EXPORTS[key])
+        compiled_only[f.__code__] = key  # a Python-level call of it is a missing entry=True (tests/test_native.py)
         return f  # only ever called from compiled code, which the module already holds
     return deco
 

@@ -113,6 +113,12 @@ def workload() -> None:
         engine.recycle(flows.in_memory)
         engine.feed(batch, flows.assign(batch))
         engine.flush()
+        # a split run's merge: the sequence bookkeeping of the flows seen in several parts
+        from bigtcp_pcap.flows.table import MAX_HOLES, NF, seq_kernel
+
+        k = np.zeros(3, np.int64)
+        seq_kernel(k, np.array([1, 1449, 1], np.uint32), np.full(3, 1448, np.uint32), np.full(3, 0x10, np.uint16),
+                   np.zeros((1, NF), np.int64), np.zeros((1, MAX_HOLES, 2), np.int64))
         # the cBPF interpreter, on a writable and on a read-only buffer (the audit's normalized copies), without
         # needing libpcap at build time: a one-instruction program (ret #65535)
         from bigtcp_pcap.audit import bpfvm

@@ -252,7 +252,7 @@ def _seq_step(F, H, f, seq, ln, flags):
         F[f, F_MAXEND] = e
 
 
-@njit(cache=True)
+@njit(cache=True, entry=True, sig="i64[::1], u32[::1], u32[::1], u16[::1], i64[:, ::1], i64[:, :, ::1]")
 def seq_kernel(fid, seq, plen, flags, F, H):
     """The sequence bookkeeping of ``flow_kernel`` alone, over packets already in frame order with compact flow
     ids (rows of ``F``/``H``): used to recompute the history-dependent columns of a flow seen in several parts."""
