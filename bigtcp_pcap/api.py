@@ -29,7 +29,7 @@ from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import BigtcpError, CaptureError, Interrupted, OutputError
-from .flows.table import CLOSE_TIMEOUT_NS, IDLE_TIMEOUT_NS, FlowTable
+from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
@@ -130,7 +130,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             | None = None, name: str | None = None, filters: list[str] | None = None, audit: bool = True,
             wireshark_sidecar: bool = False, gro_engine: str = "compiled", sha256: bool = False,
             flow_idle_timeout_s: float = IDLE_TIMEOUT_NS / 1e9, flow_close_timeout_s: float = CLOSE_TIMEOUT_NS / 1e9,
-            **gro_params: Any) -> Analysis:
+            flow_state: bool = False, default_audit_port: int | None = None, **gro_params: Any) -> Analysis:
     """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
 
     ``source`` is a path, ``-`` for stdin, a binary file object, or None for the bundled sample.
@@ -146,6 +146,12 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     ``flow_idle_timeout_s`` / ``flow_close_timeout_s``: a flow ends (its row is written and leaves memory) when
     its connection was silent this long, or closed (RST, or FIN both ways) and then silent this long; the same
     5-tuple later is a new flow (new row, new flow_id). Recorded in the metadata (``params.flows``).
+    ``flow_state``: also write what the merge of a split run needs (``merge.py``): ``flow_state.parquet``
+    (``flow_id``, ``finrst``: FIN 1 / RST 2 seen in the flow's own direction), to tell a flow that continues
+    across a cut from one that ended before it, and ``merge_rows.parquet`` (frame, flow and sequence numbers of
+    every packet), to recompute the columns of a flow seen in several parts. ``default_audit_port``: the port
+    of the default audit's ``tcp port P`` (-1: none), where it is not this run's first batch's to choose (a
+    split run's parts take the whole capture's).
     """
     packets = packets or wireshark_sidecar
     if gro is not None and gro_params:
@@ -153,7 +159,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
                         "give one, e.g. gro=dataclasses.replace(gro, ...)")
     run = _Run(sample_capture() if source is None else source, outdir, name=name, sha256=sha256,
                cfg=gro if gro is not None else GroConfig(**gro_params), gro_engine=gro_engine, filters=filters,
-               audit=audit, packets=packets, flow_timeouts_s=(flow_idle_timeout_s, flow_close_timeout_s))
+               audit=audit, packets=packets, flow_timeouts_s=(flow_idle_timeout_s, flow_close_timeout_s),
+               flow_state=flow_state, default_audit_port=default_audit_port)
     try:
         run.stream(progress)  # decode -> flows -> GRO -> audit -> sinks, batch by batch; faults recorded
         run.finish()  # the stages' last rows, notes, the audit table
@@ -169,10 +176,11 @@ class _Run:
     """The state of one ``analyze`` run: the reader, the stages, the sinks, and why the tables are partial."""
 
     def __init__(self, source, outdir, *, name, sha256, cfg: GroConfig, gro_engine: str, filters, audit: bool,
-                 packets: bool, flow_timeouts_s: tuple[float, float]) -> None:
+                 packets: bool, flow_timeouts_s: tuple[float, float], flow_state: bool = False,
+                 default_audit_port: int | None = None) -> None:
         self.cfg, self.gro_engine, self.filters, self.packets = cfg, gro_engine, filters, packets
         self.gro_stage = GroStage(cfg, gro_engine)  # options are checked before the output directory is touched
-        self.audits = FilterAudits(filters, enabled=audit)
+        self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port)
         self.reader = CaptureReader(source, name=name, sha256=sha256)
         self.info = self.reader.info
         self.tmp = None
@@ -191,6 +199,7 @@ class _Run:
         self.flows = FlowTable(idle_timeout_ns=round(idle * 1e9), close_timeout_ns=round(close * 1e9))
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
+        self.flow_state: list | None = [] if flow_state else None  # (flow_id, finrst) arrays, for flow_state
         self.stats = _Stats()
         self.tally = D.SuperPacketTally(cfg, keep=self.tally_keeps)
         self.whatif = D.WhatIfInput()
@@ -204,9 +213,21 @@ class _Run:
             self.sink_findings = self.open_sink("findings")
             self.sink_sp = self.open_sink("superpackets")
             self.sink_flows = self.open_sink("flows")
+            self.sink_merge = None
+            if flow_state:  # a part of a split run: what the merge needs of every packet (merge.py)
+                self.sink_merge = P.TableSink(self.out / "merge_rows.parquet", P.MERGE_ROWS_SCHEMA, background=True)
+                self.sinks["merge_rows"] = self.sink_merge
         except BaseException:
             self.abort()
             raise
+
+    def _write_flow_state(self) -> None:
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(_flow_state_table(self.flow_state), self.out / "flow_state.parquet")
+        except OSError as e:
+            raise OutputError.from_os(str(self.out / "flow_state.parquet"), e) from None
 
     def tally_keeps(self, flow_id: np.ndarray) -> np.ndarray:
         """The diagnosis keeps a flow's counts while the flow is in memory or among the top flows."""
@@ -230,6 +251,8 @@ class _Run:
     def emit_flows(self, cols) -> None:
         if cols is not None:
             self.flow_sum.add(cols)
+            if self.flow_state is not None:
+                self.flow_state.append((cols["flow_id"], cols[FINRST]))
             if not self.sink_flows.failed:
                 self.sink_flows.write_columns(cols)
 
@@ -254,6 +277,8 @@ class _Run:
                     self.sink_findings.write_columns(_finding_columns(fr))
                 if self.sink_packets is not None:
                     self.sink_packets.write(P.packets_table(pb, fid))
+                if self.sink_merge is not None:
+                    self.sink_merge.write(P.merge_rows_table(pb, fid))
                 self.emit_superpackets(gro_stage.feed(rb, pb, fid))
                 self.whatif.add(pb, fid, gro_stage.last_receivers)
                 if len(pb):  # ended flows leave memory (those with GRO rows still to come wait)
@@ -316,6 +341,8 @@ class _Run:
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             _raise_stop(self.stop, error, out_err, self.sinks, out)
+        if self.flow_state is not None:
+            self._write_flow_state()
         summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels)
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
@@ -332,6 +359,14 @@ class _Run:
             stem = os.path.basename(info.name) if info.name not in ("<stdin>", "<stream>") else "stdin"
             result.sidecar = write_analysis_sidecar(out / f"{stem}.bigtcp.tsv", analysis=result)
         return result
+
+
+def _flow_state_table(parts: list) -> Any:
+    import pyarrow as pa
+
+    fid = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+    fr = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
+    return pa.table({"flow_id": pa.array(fid, pa.int64()), "finrst": pa.array(fr, pa.uint8())})
 
 
 def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None) -> OutputError | None:

@@ -174,37 +174,61 @@ class _Runner:
 
 
 def _split_tasks(path: str, name: str, work: Path, nparts: int, kw: dict) -> tuple[list[Part], list[dict]]:
-    part_packets = kw.pop("part_packets", True)
+    part_packets = kw.pop("part_packets", False)
     gro = kw.get("gro")
     gap = idle_gap_ns(gro.poll_gap_us, gro.gro_flush_timeout_ns, kw.pop("ack_delay_ns", None) or 200_000_000)
     parts = find_parts(path, nparts, gap)
     if len(parts) < 2:
         return parts, []
-    # with their packets tables by default: a long flow across a pause is the common case, and without them the
-    # merge must run the parts again (NeedPackets)
-    pkw = dict(kw, wireshark_sidecar=False, packets=kw.get("packets", False) or part_packets)
+    # the parts write what the merge needs of every packet (flow_state: merge_rows.parquet, flow_state.parquet),
+    # not their packets tables unless those are asked for (part_packets, or packets=True for the merged table)
+    pkw = dict(kw, wireshark_sidecar=False, packets=kw.get("packets", False) or part_packets, flow_state=True)
+    if kw.get("filters") is None:  # the default audit's port: the whole capture's first batch's, in every part
+        pkw["default_audit_port"] = _first_batch_port(path)
     return parts, [{"path": path, "name": name, "part": p, "outdir": str(work / part_name(p)), "kw": pkw}
                    for p in parts]
+
+
+def _first_batch_port(path: str) -> int | None:
+    """The default audit's ``tcp port P`` of a serial run of ``path`` (its first batch's busiest port; -1: none)."""
+    from .api import iter_batches
+    from .audit.stage import busiest_port
+    from .errors import CaptureError
+
+    try:
+        for pb, _ in iter_batches(path):
+            port = busiest_port(pb)
+            return -1 if port is None else port
+    except CaptureError:  # damaged at its start: each part chooses, and differing parts mean a serial run
+        return None
+    return -1
 
 
 def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], results: list[dict], out: Path,
                   kw: dict, runner: _Runner) -> dict:
     """Merge a split capture's parts into ``out``; a serial run instead if a part could not be merged exactly."""
-    from .merge import NeedPackets, merge_parts
+    from .merge import NeedPackets, NotExact, merge_parts
 
     ok = all(r["summary"] is not None and r["error"] is None for r in results) and \
         len({tuple(r["summary"]["filter_audit"]["audited"]) for r in results}) == 1
     if not ok:  # a damaged part or parts that audited different default filters: the serial run decides
-        return run_task({"path": path, "name": name, "part": None, "outdir": str(out), "kw": kw})
+        return dict(run_task({"path": path, "name": name, "part": None, "outdir": str(out), "kw": kw}),
+                    serial_because="a part failed or the parts audited different default filters")
     def merged(results: list[dict]) -> dict:
         return merge_parts(parts, [Path(r["outdir"]) for r in results], [r["summary"] for r in results], out,
                            packets=kw.get("packets", False))
 
     try:
-        summary = merged(results)
-    except NeedPackets:  # a flow crosses a cut: once more with the parts' packets (its rows are recomputed)
-        results = runner.map([dict(t, kw=dict(t["kw"], packets=True)) for t in tasks])
-        summary = merged(results)
+        try:
+            summary = merged(results)
+        except NeedPackets:  # a flow crosses a cut: once more with the parts' packets (its rows are recomputed)
+            results = runner.map([dict(t, kw=dict(t["kw"], packets=True)) for t in tasks])
+            summary = merged(results)
+    except NotExact as e:  # the parts' facts do not decide some rows across a cut: the serial run does
+        for r in results:
+            shutil.rmtree(r["outdir"], ignore_errors=True)
+        return dict(run_task({"path": path, "name": name, "part": None, "outdir": str(out), "kw": kw}),
+                    serial_because=str(e))
     summary["capture"]["duration_s"] = round((parts[-1].ts_last_ns - parts[0].ts_first_ns) / 1e9, 6)
     for r in results:
         shutil.rmtree(r["outdir"], ignore_errors=True)
@@ -217,12 +241,13 @@ def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], re
 
 
 def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: int = 2, client: Any = None,
-                  parts: int | None = None, ack_delay_ns: int | None = None, part_packets: bool = True,
+                  parts: int | None = None, ack_delay_ns: int | None = None, part_packets: bool = False,
                   **kw: Any):
     """``analyze(path, outdir=..., **kw)`` with the capture cut at idle gaps into ``parts`` (default: the
     number of workers) and the parts analysed in parallel; the tables equal the serial run's (``merge.py``).
     ``ack_delay_ns``: the longest ACK delay accepted as poll evidence (default 200 ms; ``split.py``).
-    ``part_packets=False``: parts skip their packets tables unless a flow crosses a cut (then they run again).
+    ``part_packets=True``: parts also write their packets tables (the merge reads the narrow rows every part
+    writes for it, ``merge_rows.parquet``, instead; a merge without either runs the parts again).
     Returns an ``Analysis``."""
     from .api import Analysis, analyze
     from .capture.reader import CaptureInfo
@@ -244,7 +269,9 @@ def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: i
     info = CaptureInfo(name=path, size=s["capture"]["size"], format="pcap", packets=s["capture"]["packets"],
                        first_ts_ns=ps[0].ts_first_ns, last_ts_ns=ps[-1].ts_last_ns)
     gro = kw.get("gro") or GroConfig()
-    params = {"gro": gro.to_metadata(), "parts": len(ps)}
+    params = {"gro": gro.to_metadata(), "parts": 1 if res.get("serial_because") else len(ps)}
+    if res.get("serial_because"):
+        params["serial_because"] = res["serial_because"]
     return Analysis(outdir=out, info=info, params=params, summary=s, error=None)
 
 

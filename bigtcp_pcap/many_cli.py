@@ -58,7 +58,9 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
             else:
                 out = Console()
                 render(a.summary, out if out.is_terminal else Console(width=160))
-                err.print(f"tables written to {outdir}/ ({a.params.get('parts', 1)} part(s))", highlight=False)
+                why = a.params.get("serial_because")
+                how = f"run serially: {why}" if why else f"{a.params.get('parts', 1)} part(s)"
+                err.print(f"tables written to {outdir}/ ({how})", highlight=False)
             if a.error is not None:
                 err.print(f"bigtcp-pcap: {a.error.one_line()} (tables written, marked partial)", highlight=False)
                 return 3

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from . import findings as F
 from .flows.table import F_GAP, F_OOO, F_RETRANS, MAX_HOLES, NF, seq_kernel
-from .output.parquet import read_metadata
+from .output.parquet import MERGE_ROWS, read_metadata
 from .split import Part
 
 KEY = ["ip_version", "src", "dst", "sport", "dport"]
@@ -35,6 +35,121 @@ SUSPECT = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
 
 class NeedPackets(Exception):
     """The parts were analysed without their packets tables, and a flow spans a cut (see ``merge_parts``)."""
+
+
+class NotExact(Exception):
+    """A flow's rows across a cut cannot be merged exactly from the parts' facts: the serial run decides."""
+
+
+def _closed(bits: int) -> bool:
+    return bool(bits & 2) or (bits & 5) == 5  # RST either way, or FIN both ways (bit 4: FIN of the reverse)
+
+
+class _Gaps:
+    """Whether a connection's packets in one part are never more than ``close`` ns apart (its merge rows)."""
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def within(self, part: int, flow_ids: list[int], close: int) -> bool:
+        if part not in self._rows:
+            p = self.dirs[part] / "merge_rows.parquet"
+            if not p.exists():
+                return False
+            t = pq.read_table(p, columns=["flow_id", "ts_ns"])
+            self._rows[part] = (_np(t, "flow_id", np.int64, -1), _np(t, "ts_ns", np.int64))
+        fid, ts = self._rows[part]
+        t = ts[np.isin(fid, flow_ids)]  # in frame order already
+        return bool(t.size < 2 or int(np.diff(t).max()) <= close)
+
+
+def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
+    """The serial run's flow of every row of the parts' flows tables (``allf``, in part then flow_id order).
+
+    A row is its own flow unless it continues a row of an earlier part: the serial flow table ends a flow when
+    its connection (both directions) was silent ``idle`` ns, or closed (RST, or FIN both ways) and then silent
+    ``close`` ns, judged at the connection's next packet (``flows/table.py``). So, per connection seen in
+    several parts, at its first packet in a later part: not ended -> the first row of each direction there
+    continues that direction's open row; ended -> new rows. The FIN/RST bits come from each part's
+    ``flow_state.parquet``. A connection that continues with a FIN or RST already seen carries that state into
+    the next part, which the part's own run did not know; it changes nothing there unless the connection then
+    goes silent for more than ``close`` ns inside that part (its merge rows say), and then ``NotExact`` (the
+    caller runs the capture serially)."""
+    n = len(allf)
+    gid = np.arange(n, dtype=np.int64)
+    if n == 0:
+        return gid
+    keys = list(zip(*(allf[c].tolist() for c in KEY)))
+    part = allf["_part"].to_numpy()
+    by_key: dict[tuple, list[int]] = {}
+    for i, k in enumerate(keys):
+        by_key.setdefault(k, []).append(i)
+    conns: dict[tuple, list[tuple]] = {}
+    for k, rows in by_key.items():
+        if part[rows[0]] != part[rows[-1]]:  # this direction is in several parts
+            rk = (k[0], k[2], k[1], k[4], k[3])
+            conns.setdefault(min(k, rk), [k, rk])
+    if not conns:
+        return gid
+    params = (meta.get("params") or {}).get("flows") or {}
+    idle = round(float(params.get("idle_timeout_s", 120.0)) * 1e9)
+    close = round(float(params.get("close_timeout_s", 5.0)) * 1e9)
+    bits_of = np.zeros(n, np.int64)
+    fids = allf["flow_id"].to_numpy()
+    for k, d in enumerate(dirs):
+        st = pq.read_table(d / "flow_state.parquet") if (d / "flow_state.parquet").exists() else None
+        rows = np.flatnonzero(part == k)
+        if st is None:
+            bits_of[rows] = -1  # unknown
+            continue
+        lut = dict(zip(st.column("flow_id").to_pylist(), st.column("finrst").to_pylist()))
+        bits_of[rows] = [lut.get(int(f), -1) for f in fids[rows]]
+    gaps = _Gaps(dirs)
+    t0s, t1s = (np.asarray(pd.to_datetime(allf[c]).array.asi8, np.int64) for c in ("ts_first_ns", "ts_last_ns"))
+    for dirs_ in conns.values():
+        rows_of = [by_key.get(k, []) for k in dirs_]
+        parts_here = sorted({int(part[i]) for rows in rows_of for i in rows})
+        open_row: list[int | None] = [None, None]  # per direction: the row its next row would continue
+        last = None  # the connection's last packet time while open
+        bits = 0  # FIN/RST of the open rows (FIN of direction 1 as bit 4)
+        for q in parts_here:
+            here = [[i for i in rows if part[i] == q] for rows in rows_of]
+            t0 = min(int(t0s[h[0]]) for h in here if h)
+            carried = 0
+            if last is not None:
+                ended = t0 - last > idle or (_closed(bits) and t0 - last > close)
+                if not ended and bits != 0:
+                    firsts = [int(fids[h[0]]) for h in here if h]
+                    if not gaps.within(q, firsts, close):
+                        raise NotExact("a flow continues across a cut after a FIN or RST")
+                    carried = bits
+                for dd in (0, 1):
+                    if here[dd] and not ended and open_row[dd] is not None:
+                        gid[here[dd][0]] = gid[open_row[dd]]
+                if ended:
+                    open_row = [None, None]
+            restarted = any(len(h) > 1 for h in here)
+            for dd in (0, 1):
+                if here[dd]:
+                    open_row[dd] = here[dd][-1]
+                elif restarted:
+                    open_row[dd] = None
+            bits, last = 0 if restarted else carried, None
+            for dd in (0, 1):
+                r = open_row[dd]
+                if r is not None:
+                    b = int(bits_of[r])
+                    if b < 0:
+                        raise NotExact("a part has no flow_state.parquet")
+                    bits |= (b & 2) | ((b & 1) << (2 * dd))
+                    last = max(last or 0, int(t1s[r]))
+    # number the flows in order of first appearance, as the serial run does
+    _, first = np.unique(gid, return_index=True)
+    order = np.argsort(first, kind="stable")
+    ren = np.empty(order.size, np.int64)
+    ren[order] = np.arange(order.size)
+    return ren[np.searchsorted(np.unique(gid), gid)]
 
 
 def _read(d: Path, table: str) -> pa.Table | None:
@@ -88,7 +203,7 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
     offs = [p.first_record for p in parts]
     flows_k = [_read(d, "flows").to_pandas() for d in dirs]
     allf = pd.concat([f.assign(_part=k) for k, f in enumerate(flows_k)], ignore_index=True)
-    allf["_gid"] = allf.groupby(KEY, sort=False).ngroup() if len(allf) else pd.Series(dtype=np.int64)
+    allf["_gid"] = _group_rows(allf, dirs, read_metadata(dirs[0] / "flows.parquet"))
     maps = []
     for k, f in enumerate(flows_k):
         m = np.zeros(int(f["flow_id"].max()) + 1 if len(f) else 0, np.int64)
@@ -99,12 +214,19 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
     spanning = bool(len(allf)) and int(allf.groupby("_gid").size().max()) > 1
     packets_t = None
     if packets or spanning:
-        if not all((d / "packets.parquet").exists() for d in dirs):
+        # the packets tables when they are wanted, else the narrow rows parts write for the merge (flow_state)
+        name = "packets" if packets or not all((d / "merge_rows.parquet").exists() for d in dirs) else "merge_rows"
+        if not all((d / f"{name}.parquet").exists() for d in dirs):
             raise NeedPackets("flows cross the cuts: the parts must be analysed with their packets")
-        cols = None if packets else ["frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags"]
-        pk = [_remap(_shift(pq.read_table(d / "packets.parquet", columns=cols), ["frame"], o), "flow_id", m)
+        cols = None if packets else list(MERGE_ROWS)
+        pk = [_remap(_shift(pq.read_table(d / f"{name}.parquet", columns=cols), ["frame"], o), "flow_id", m)
               for d, o, m in zip(dirs, offs, maps)]
         packets_t = pa.concat_tables(pk)
+    for d in dirs[:-1]:  # a part that ended with GRO entries held: when and why the serial run completes them
+        # depends on what its receive queue sees next, which that part did not see
+        t = pq.read_table(d / "superpackets.parquet", columns=["flush_reason"])
+        if pc.any(pc.equal(pc.cast(t.column(0), pa.string()), "end_of_capture")).as_py():
+            raise NotExact("a part ended with GRO entries held")
     sp = [_remap(_shift(_read(d, "superpackets"), ["first_frame", "last_frame"], o), "flow_id", m)
           for d, o, m in zip(dirs, offs, maps)]
     sp_t = pa.concat_tables(sp)

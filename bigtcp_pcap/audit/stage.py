@@ -32,8 +32,11 @@ def busiest_port(pb: PacketBatch) -> int | None:
 class FilterAudits:
     """The filter audits of one ``analyze`` run: started on the first batch, fed every batch, finished once."""
 
-    def __init__(self, filters: list[str] | None, enabled: bool = True):
+    def __init__(self, filters: list[str] | None, enabled: bool = True, default_port: int | None = None):
+        """``default_port``: the default audit's ``tcp port P`` chosen elsewhere (a split run's parts take the
+        whole capture's first batch's; -1: none), instead of from this run's first batch."""
         self.explicit = filters is not None
+        self.default_port = default_port
         self.exprs = list(filters) if filters else []
         self.enabled = enabled and (self.explicit or True)
         self.audits: list[FilterAudit] = []
@@ -48,8 +51,8 @@ class FilterAudits:
         exprs = self.exprs
         if not self.explicit:
             exprs = ["tcp", "ip6 and tcp"]
-            port = busiest_port(pb)
-            if port is not None:
+            port = busiest_port(pb) if self.default_port is None else self.default_port
+            if port is not None and port >= 0:
                 exprs.append(f"tcp port {port}")
             self.exprs = exprs
         try:

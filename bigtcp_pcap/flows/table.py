@@ -44,8 +44,10 @@ NKY = 6
 NST = 10
 # --- output row of an ended flow (R) ----------------------------------------------------------------------
 (R_FID, R_VER, R_SPORT, R_DPORT, R_FIRST, R_TS0, R_TS1, R_PACKETS, R_PAYLOAD, R_WIRE, R_BIG, R_MAXP, R_MSS,
- R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP) = range(22)
-NR = 22
+ R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP, R_FINRST) = range(23)
+NR = 23
+
+FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
 
 EMPTY, TOMB = np.int64(-1), np.int64(-2)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -539,6 +541,7 @@ def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC,
         R[rows, R_RETRANS] = F[s, F_RETRANS]
         R[rows, R_OOO] = F[s, F_OOO]
         R[rows, R_GAP] = F[s, F_GAP]
+        R[rows, R_FINRST] = F[s, F_FINRST]
         for c in range(5):
             RK[rows, c] = KY[s, c]
         rows += 1
@@ -831,4 +834,5 @@ class FlowTable:
             "max_superpacket_len": nullable(R_SMAX, pa.uint32()),
             "retransmissions": R[:, R_RETRANS].astype(np.uint64), "out_of_order": R[:, R_OOO].astype(np.uint64),
             "capture_gap_bytes": R[:, R_GAP].astype(np.uint64),
+            FINRST: R[:, R_FINRST].astype(np.uint8),  # not a flows column: what a split run's merge needs
         }

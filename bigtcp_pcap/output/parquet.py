@@ -69,6 +69,22 @@ def _dict_array(codes: np.ndarray, names: tuple[str, ...]) -> pa.Array:
     return A.dictionary(codes, names)
 
 
+# what a split run's merge needs of every packet (merge.py): the flow, its place and its sequence numbers
+MERGE_ROWS = ("frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags")
+MERGE_ROWS_SCHEMA = pa.schema([PACKETS_SCHEMA.field(n) for n in MERGE_ROWS] + [("ts_ns", pa.int64())])
+
+
+def merge_rows_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
+    """The ``MERGE_ROWS`` of a batch with the values the merge reads from packets.parquet (where that has a
+    null: no flow -1, not a whole TCP header 0), and the raw timestamp (what the flow table's timeouts see)."""
+    tcp = (pb.l4_off >= 0) & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)
+    return pa.table([pa.array(pb.frame, pa.uint64()), pa.array(flow_id, pa.int64()),
+                     pa.array(np.where(tcp, pb.tcp_seq, 0).astype(np.uint32)),
+                     pa.array(np.where(tcp, pb.tcp_payload_len, 0).astype(np.uint32)),
+                     pa.array(np.where(tcp, pb.tcp_flags, 0).astype(np.uint16)),
+                     pa.array(pb.ts_ns, pa.int64())], schema=MERGE_ROWS_SCHEMA)
+
+
 def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     """packets.parquet rows of a batch: each column as the column table declares it (type, when null)."""
     l4 = pb.l4_off >= 0
