@@ -129,6 +129,28 @@ def place(dataset: Path, name: str, src: Path, res: dict) -> list[str]:
     return files
 
 
+# threads that survive a fork by design: jemalloc's background purger (pyarrow) re-arms itself in the child
+_FORK_SAFE_THREADS = {"jemalloc_bg_thd"}
+
+
+def _fork_is_safe() -> bool:
+    """True when this process has no thread but the main one and threads known to be fork-safe (Linux: read
+    from /proc). A thread that could hold a lock at the fork (a writer, pyarrow's pool) rules fork out, and the
+    workers come from a fork server instead."""
+    if os.environ.get("BIGTCP_PCAP_NO_FORK"):
+        return False
+    try:
+        tasks = os.listdir("/proc/self/task")
+        names = []
+        for t in tasks:
+            if int(t) != os.getpid():
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+    except (OSError, ValueError):
+        return False
+    return all(n in _FORK_SAFE_THREADS for n in names)
+
+
 class _Runner:
     """Runs tasks in this process, in worker processes, or on a Dask client; results in task order."""
 
@@ -149,8 +171,11 @@ class _Runner:
         elif self.jobs > 1:
             import multiprocessing as mp
 
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(["bigtcp_pcap.api", "bigtcp_pcap.many"])
+            if _fork_is_safe():  # the workers start with this process's imports and kernels: ~0.4 s less
+                ctx = mp.get_context("fork")
+            else:
+                ctx = mp.get_context("forkserver")
+                ctx.set_forkserver_preload(["bigtcp_pcap.api", "bigtcp_pcap.many"])
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=ctx)
         return self
 
