@@ -242,3 +242,53 @@ def test_split_flows_that_end_or_continue_at_a_cut(name, tmp_path):
            "mid_stream_pause": "a part ended with GRO entries held"}.get(name)
     assert split.params.get("serial_because") == why
     assert split.params["parts"] == (1 if why else 2)
+
+
+FORK_CHECK = r"""
+import threading, time
+import bigtcp_pcap.cli  # what the console command has loaded when it starts its workers
+from bigtcp_pcap.many import _fork_is_safe
+quiet = _fork_is_safe()
+t = threading.Thread(target=time.sleep, args=(2,))
+t.start()
+busy = _fork_is_safe()
+print(quiet, busy)
+"""
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["fork", "forkserver"])
+def test_console_jobs_equal_serial_runs(fork, tmp_path):
+    """The console command with --jobs 2, in its own process: its workers are forked from it (it has no thread
+    that could hold a lock: checked here) or, with BIGTCP_PCAP_NO_FORK, come from a fork server; either way the
+    dataset and a split capture equal the serial runs, every table."""
+    import os
+    import subprocess
+    import sys
+
+    exe = [sys.executable, "-m", "bigtcp_pcap.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "BIGTCP_PCAP_NO_FORK"}
+    if fork:
+        r = subprocess.run([sys.executable, "-c", FORK_CHECK], env=env, capture_output=True, text=True, check=True)
+        assert r.stdout.split() == ["True", "False"]
+    else:
+        env["BIGTCP_PCAP_NO_FORK"] = "1"
+    src = tmp_path / "in"
+    src.mkdir()
+    for cap in DATASET:
+        (src / cap.name).write_bytes(cap.read_bytes())
+    one = KERNEL / "traced" / "v4_65536.snd.pcap"
+    for args in ([str(src), "-o", str(tmp_path / "ds")], [str(one), "-o", str(tmp_path / "split")]):
+        r = subprocess.run([*exe, "analyze", *args, "--jobs", "2", "--no-progress"], env=env, capture_output=True,
+                           text=True, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert "(2 part(s))" in r.stderr, r.stderr  # merged from its parts, not run serially
+    for cap in DATASET:
+        serial = analyze(cap, outdir=tmp_path / "serial" / cap.name)
+        for t in TABLES:
+            part = tmp_path / "ds" / t / f"capture={cap.name}" / "part-0.parquet"
+            assert part.exists() == (serial.outdir / f"{t}.parquet").exists(), (cap.name, t)
+            if part.exists():
+                pd.testing.assert_frame_equal(_frame(pd.read_parquet(part)),
+                                              _frame(pd.read_parquet(serial.outdir / f"{t}.parquet")),
+                                              check_dtype=False, obj=f"{cap.name} {t}")
+    assert_same_tables(analyze(one, outdir=tmp_path / "serial1").outdir, tmp_path / "split")
