@@ -34,7 +34,7 @@ from .gro.config import GroConfig
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # a message is one line, however long its paths
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_CAPTURE, EXIT_OUTPUT = 0, 1, 2, 3, 4
 
