@@ -78,11 +78,9 @@ def merge_rows_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     """The ``MERGE_ROWS`` of a batch with the values the merge reads from packets.parquet (where that has a
     null: no flow -1, not a whole TCP header 0), and the raw timestamp (what the flow table's timeouts see)."""
     tcp = (pb.l4_off >= 0) & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)
-    return pa.table([pa.array(pb.frame, pa.uint64()), pa.array(flow_id, pa.int64()),
-                     pa.array(np.where(tcp, pb.tcp_seq, 0).astype(np.uint32)),
-                     pa.array(np.where(tcp, pb.tcp_payload_len, 0).astype(np.uint32)),
-                     pa.array(np.where(tcp, pb.tcp_flags, 0).astype(np.uint16)),
-                     pa.array(pb.ts_ns, pa.int64())], schema=MERGE_ROWS_SCHEMA)
+    return A.table({"frame": pb.frame, "flow_id": flow_id, "tcp_seq": np.where(tcp, pb.tcp_seq, 0),
+                    "tcp_payload_len": np.where(tcp, pb.tcp_payload_len, 0),
+                    "tcp_flags": np.where(tcp, pb.tcp_flags, 0), "ts_ns": pb.ts_ns}, MERGE_ROWS_SCHEMA)
 
 
 def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
