@@ -3,8 +3,9 @@
 
     .venv/bin/python scripts/bench_scale.py [--packets 2000000] [--captures 8] [--repeat 1] [--keep DIR]
 
-Builds (with scripts/bench.py's replay builder) one capture of --packets packets and a set of --captures
-captures of --packets/--captures packets each, then times, as separate commands:
+Builds (with scripts/bench.py's replay builder) a set of --captures captures of --packets/--captures packets
+each, and one capture of the set's runs one after the other (1 s apart, each run's connections on their own
+client ports, as a file of repeated iperf3 runs looks), then times, as separate commands:
 
 * one capture: `analyze BIG` (one process), `analyze BIG --jobs 2` (cut at its idle gaps, 2 processes),
   `analyze BIG --dask local:2` (2 one-thread LocalCluster workers; the cluster's start-up is included);
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,44 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench import FIXTURE, build_capture
 
 CLI = str(ROOT / ".venv" / "bin" / "bigtcp-pcap")
+
+
+def test_runs(paths: list[Path], dst: Path, pause_s: int = 1) -> None:
+    """One capture of several test runs: the captures of ``paths`` one after the other, ``pause_s`` apart, each
+    run's connections on their own client port (+ run number), as a capture of repeated iperf3 runs looks.
+    Each pause is an idle gap where a split run can cut exactly."""
+    out: list[bytes] = []
+    end = None  # the last timestamp written (ns)
+    for k, p in enumerate(paths):
+        raw = p.read_bytes()
+        assert struct.unpack("<I", raw[:4])[0] == 0xA1B23C4D, p  # the replays are nanosecond pcap
+        if not out:
+            out.append(raw[:24])
+        pos, shift = 24, None
+        while pos + 16 <= len(raw):
+            sec, ns, incl, orig = struct.unpack("<IIII", raw[pos:pos + 16])
+            d = bytearray(raw[pos + 16:pos + 16 + incl])
+            t = sec * 10**9 + ns
+            if shift is None:
+                shift = 0 if end is None else end + pause_s * 10**9 - t
+            t += shift
+            end = t
+            et = struct.unpack(">H", d[12:14])[0] if len(d) >= 14 else 0
+            l4 = 0
+            if et == 0x86DD and len(d) > 54:
+                l4 = 62 if d[20] == 0 else 54  # a Hop-by-Hop header (Jumbo) before TCP, or TCP
+            elif et == 0x0800 and len(d) > 14:
+                l4 = 14 + (d[14] & 15) * 4
+            if l4 and len(d) >= l4 + 4:
+                sp, dp = struct.unpack(">HH", d[l4:l4 + 4])
+                if sp > dp:  # the client's (ephemeral) port; the server's port stays
+                    sp += k
+                else:
+                    dp += k
+                d[l4:l4 + 4] = struct.pack(">HH", sp & 0xFFFF, dp & 0xFFFF)
+            out.append(struct.pack("<IIII", t // 10**9, t % 10**9, incl, orig) + bytes(d))
+            pos += 16 + incl
+    dst.write_bytes(b"".join(out))
 
 
 def timed(args: list[str], repeat: int) -> dict:
@@ -58,9 +98,6 @@ def main() -> None:
     a = ap.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    big = work / "big.pcap"
-    if not big.exists():
-        build_capture(FIXTURE, big, a.packets)
     many = work / "set"
     many.mkdir(exist_ok=True)
     each = a.packets // a.captures
@@ -68,6 +105,9 @@ def main() -> None:
         p = many / f"cap{i}.pcap"
         if not p.exists():
             build_capture(FIXTURE, p, each)
+    big = work / "big.pcap"
+    if not big.exists():  # the set's runs in one file, 1 s apart, each on its own client ports
+        test_runs(sorted(many.glob("cap*.pcap")), big)
     n_big = (big.stat().st_size, a.packets)
     rows = []
     for label, src, n in (("one capture", str(big), n_big[1]), (f"{a.captures} captures", str(many), each * a.captures)):

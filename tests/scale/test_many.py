@@ -292,3 +292,17 @@ def test_console_jobs_equal_serial_runs(fork, tmp_path):
                                               _frame(pd.read_parquet(serial.outdir / f"{t}.parquet")),
                                               check_dtype=False, obj=f"{cap.name} {t}")
     assert_same_tables(analyze(one, outdir=tmp_path / "serial1").outdir, tmp_path / "split")
+
+
+def test_a_part_run_loads_no_pandas(tmp_path):
+    """A split run's part (flow_state: merge rows and FIN/RST state) stays as lean as a plain analyze: no pandas
+    import (0.4 s per part; pyarrow's pa.array on numpy arrays imports it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from bigtcp_pcap import analyze; "
+            f"analyze({str(KERNEL / 'v4_65536.snd.pcap')!r}, outdir={str(tmp_path / 'o')!r}, flow_state=True); "
+            "print('pandas' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"
+    assert (tmp_path / "o" / "merge_rows.parquet").exists() and (tmp_path / "o" / "flow_state.parquet").exists()
