@@ -326,15 +326,35 @@ def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: 
     retrans, ooo, gap = state[:, F_RETRANS], state[:, F_OOO], state[:, F_GAP]
     sp_fid = _np(sp_t, "flow_id", np.int64, -1)
     sp_len = _np(sp_t, "payload_len", np.int64)
-    for j, g in enumerate(multi.tolist()):
-        mine = fid == j
-        p = plen[mine]
-        p50, p99, _ = _nearest_rank(p[p > 0].astype(np.int64))
-        s50, s99, _ = _nearest_rank(sp_len[sp_fid == g].astype(np.int64))
-        res.loc[g, ["p50_payload_len", "p99_payload_len", "p50_superpacket_len", "p99_superpacket_len"]] = \
-            [p50, p99, s50, s99]
-        res.loc[g, ["retransmissions", "out_of_order", "capture_gap_bytes"]] = [int(retrans[j]), int(ooo[j]),
-                                                                                 int(gap[j])]
+    pos = plen > 0
+    p50, p99 = _grouped_nearest_rank(fid[pos], plen[pos].astype(np.int64), m)
+    sp_sel = (sp_fid >= 0) & (sp_fid < compact.size)
+    sp_c = np.full(sp_fid.size, -1, np.int64)
+    sp_c[sp_sel] = compact[sp_fid[sp_sel]]
+    keep = sp_c >= 0
+    s50, s99 = _grouped_nearest_rank(sp_c[keep], sp_len[keep], m)
+    for col, v in (("p50_payload_len", p50), ("p99_payload_len", p99), ("p50_superpacket_len", s50),
+                   ("p99_superpacket_len", s99)):
+        res.loc[multi, col] = np.where(v < 0, np.nan, v) if (v < 0).any() else v
+    for col, v in (("retransmissions", retrans), ("out_of_order", ooo), ("capture_gap_bytes", gap)):
+        res.loc[multi, col] = v
+
+
+def _grouped_nearest_rank(group: np.ndarray, values: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nearest-rank p50 and p99 of ``values`` per group 0..m-1 (-1 where a group has none): one sort for
+    every group (a per-group pass cost O(groups x rows) when many flows cross the cuts)."""
+    out = np.full((2, m), -1, np.int64)
+    if values.size == 0:
+        return out[0], out[1]
+    order = np.lexsort((values, group))
+    g, v = group[order], values[order]
+    count = np.bincount(g, minlength=m)
+    start = np.concatenate(([0], np.cumsum(count)[:-1]))
+    have = count > 0
+    for k, q in enumerate((0.50, 0.99)):
+        rank = np.maximum(1, np.ceil(q * count).astype(np.int64))  # nearest rank, as _nearest_rank
+        out[k, have] = v[start[have] + rank[have] - 1]
+    return out[0], out[1]
 
 
 def _add(a: dict, b: dict) -> dict:
