@@ -5,11 +5,11 @@
     stage = GroStage(GroConfig(gro_max_size=185000))
     for rb in reader:                       # RecordBatch (for the link-layer addresses) ...
         pb, _ = decode(rb)                  # ... and its decoded PacketBatch
-        rows = stage.feed(rb, pb, flow_id)  # SuperPacketBatch completed meanwhile (may lag one batch)
+        rows = stage.feed(rb, pb, flow_id)  # SuperPacketBatch completed meanwhile (may lag the evidence window)
     rows = stage.finish()                   # the rest, at the end of the capture
 
-With ``ack_evidence`` the engine is fed one batch late (the lookahead of ``evidence.AckEvidence``); with
-``split_receivers`` every frame goes to the NAPI model of the host that receives it (``receivers.Receivers``,
+With ``ack_evidence`` a batch is fed to the engine once ``evidence.WINDOW`` later rows have been seen (the
+lookahead of ``evidence.AckEvidence``); with ``split_receivers`` every frame goes to the NAPI model of the host that receives it (``receivers.Receivers``,
 whose ``labels`` name the ``receiver`` index of each row).
 """
 
@@ -51,7 +51,7 @@ class GroStage:
         return self._run(ready)
 
     def finish(self) -> SuperPacketBatch:
-        """End of input: the held batch, then every held super-packet (end_of_capture)."""
+        """End of input: the held batches, then every held super-packet (end_of_capture)."""
         parts = [self._run(self._evidence.finish())] if self._evidence is not None else []
         parts.append(self.engine.flush())
         return SuperPacketBatch.concat(parts)
@@ -69,8 +69,9 @@ class GroStage:
         """The engine forgets the keys of flows that have ended (``CompiledGroEngine.recycle``)."""
         return self.engine.recycle(flow_in_memory)
 
-    def _run(self, ready) -> SuperPacketBatch:
-        if ready is None:
+    def _run(self, ready: list) -> SuperPacketBatch:
+        """Feed the engine the batches the ACK evidence has flagged (oldest first)."""
+        if not ready:
             return SuperPacketBatch.empty(0)
-        pb, (fid, rx), acked = ready
-        return self.engine.feed(pb, fid, acked=acked, receiver=rx)
+        out = [self.engine.feed(pb, fid, acked=acked, receiver=rx) for pb, (fid, rx), acked in ready]
+        return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)

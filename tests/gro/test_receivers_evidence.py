@@ -18,6 +18,7 @@ import pytest
 
 from bigtcp_pcap.capture.reader import CaptureReader
 from bigtcp_pcap.decode.decode import decode
+from bigtcp_pcap.gro import evidence
 from bigtcp_pcap.gro.evidence import AckEvidence, acked_ends
 from bigtcp_pcap.gro.receivers import Receivers
 from tests.oracle import KERNEL, tshark_fields, write_pcap
@@ -32,11 +33,10 @@ def _flagged(path: Path, batch_size: int) -> tuple[set[int], dict[int, int]]:
     for k, rb in enumerate(CaptureReader(path, batch_size=batch_size)):
         batch_of.update(dict.fromkeys(rb.frame.tolist(), k))
         pb, _ = decode(rb)
-        ready = ev.push(pb)
-        if ready is not None:
-            out.update(ready[0].frame[ready[2]].tolist())
-    ready = ev.finish()
-    out.update(ready[0].frame[ready[2]].tolist())
+        for b, _, flags in ev.push(pb):
+            out.update(b.frame[flags].tolist())
+    for b, _, flags in ev.finish():
+        out.update(b.frame[flags].tolist())
     return out, batch_of
 
 
@@ -47,9 +47,10 @@ def _last(v: str) -> str:
 @pytest.mark.parametrize("path", SENDER_CAPTURES, ids=lambda p: p.name)
 def test_acked_ends_are_the_segments_a_later_reverse_ack_acknowledges(path):
     """The definition, computed here over the fields tshark decodes: a data segment is evidenced when a later
-    packet of the reverse direction has ack = seq + len (mod 2**32), and that ACK arrives no later than the next
-    batch (the stage's lookahead). tshark's own ``tcp.analysis.acks_frame`` names a subset of them (it also
-    names SYN and FIN, which carry no payload)."""
+    packet of the reverse direction, at most ``evidence.WINDOW`` frames later, has ack = seq + len (mod 2**32).
+    The flags do not depend on the batch size (they once did: the lookahead was "the next batch", and a split
+    run's parts, whose batches begin elsewhere, could flag other segments than the serial run). tshark's own
+    ``tcp.analysis.acks_frame`` names a subset of them (it also names SYN and FIN, which carry no payload)."""
     f = ["frame.number", "ip.src", "ip.dst", "ipv6.src", "ipv6.dst", "tcp.srcport", "tcp.dstport", "tcp.len",
          "tcp.seq_raw", "tcp.ack_raw", "tcp.flags.ack", "tcp.analysis.acks_frame"]
     rows = tshark_fields(path, f, display_filter="tcp", prefs=[])
@@ -60,17 +61,20 @@ def test_acked_ends_are_the_segments_a_later_reverse_ack_acknowledges(path):
                      int(_last(r["tcp.len"])), int(_last(r["tcp.seq_raw"])), int(_last(r["tcp.ack_raw"])),
                      _last(r["tcp.flags.ack"]) in ("1", "True")))
     named = {int(x) for r in rows for x in r["tcp.analysis.acks_frame"].split(",") if x}
-    for batch in (300, 1 << 16):  # lookahead across batch boundaries, and the whole capture in one batch
-        got, batch_of = _flagged(path, batch)
-        acks: dict[tuple, list[int]] = {}  # (to, from, ack) -> frames
-        for fr, a, b, _, _, ack, is_ack in pkts:
-            if is_ack:
-                acks.setdefault((b, a, ack), []).append(fr)
+    acks: dict[tuple, list[int]] = {}  # (to, from, ack) -> frames
+    for fr, a, b, _, _, ack, is_ack in pkts:
+        if is_ack:
+            acks.setdefault((b, a, ack), []).append(fr)
+    for window in (40, evidence.WINDOW):  # a window shorter than the batches, and the default
         want = {fr for fr, a, b, ln, seq, _, _ in pkts if ln > 0 and any(
-            j > fr and batch_of[j] <= batch_of[fr] + 1 for j in acks.get((a, b, (seq + ln) % 2**32), ()))}
+            fr < j <= fr + window for j in acks.get((a, b, (seq + ln) % 2**32), ()))}
         assert len(want) > 20
-        assert got == want, batch
-        if batch == 1 << 16:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(evidence, "WINDOW", window)
+            for batch in (7, 300, 1 << 16):  # windows across batch boundaries, and the whole capture in one
+                got, _ = _flagged(path, batch)
+                assert got == want, (window, batch)
+        if window == evidence.WINDOW:
             assert {x for x in named if any(p[0] == x and p[3] > 0 for p in pkts)} <= got
 
 
