@@ -199,7 +199,6 @@ class _Run:
         self.flows = FlowTable(idle_timeout_ns=round(idle * 1e9), close_timeout_ns=round(close * 1e9))
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
-        self.flow_state: list | None = [] if flow_state else None  # (flow_id, finrst) arrays, for flow_state
         self.stats = _Stats()
         self.tally = D.SuperPacketTally(cfg, keep=self.tally_keeps)
         self.whatif = D.WhatIfInput()
@@ -213,21 +212,14 @@ class _Run:
             self.sink_findings = self.open_sink("findings")
             self.sink_sp = self.open_sink("superpackets")
             self.sink_flows = self.open_sink("flows")
-            self.sink_merge = None
-            if flow_state:  # a part of a split run: what the merge needs of every packet (merge.py)
+            self.sink_merge = self.sink_flow_state = None
+            if flow_state:  # a part of a split run: what the merge needs of every packet and flow (merge.py)
                 self.sink_merge = P.TableSink(self.out / "merge_rows.parquet", P.MERGE_ROWS_SCHEMA, background=True)
-                self.sinks["merge_rows"] = self.sink_merge
+                self.sink_flow_state = P.TableSink(self.out / "flow_state.parquet", P.FLOW_STATE_SCHEMA)
+                self.sinks["merge_rows"], self.sinks["flow_state"] = self.sink_merge, self.sink_flow_state
         except BaseException:
             self.abort()
             raise
-
-    def _write_flow_state(self) -> None:
-        import pyarrow.parquet as pq
-
-        try:
-            pq.write_table(_flow_state_table(self.flow_state), self.out / "flow_state.parquet")
-        except OSError as e:
-            raise OutputError.from_os(str(self.out / "flow_state.parquet"), e) from None
 
     def tally_keeps(self, flow_id: np.ndarray) -> np.ndarray:
         """The diagnosis keeps a flow's counts while the flow is in memory or among the top flows."""
@@ -251,8 +243,8 @@ class _Run:
     def emit_flows(self, cols) -> None:
         if cols is not None:
             self.flow_sum.add(cols)
-            if self.flow_state is not None:
-                self.flow_state.append((cols["flow_id"], cols[FINRST]))
+            if self.sink_flow_state is not None and not self.sink_flow_state.failed:
+                self.sink_flow_state.write_columns({"flow_id": cols["flow_id"], "finrst": cols[FINRST]})
             if not self.sink_flows.failed:
                 self.sink_flows.write_columns(cols)
 
@@ -341,8 +333,6 @@ class _Run:
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             _raise_stop(self.stop, error, out_err, self.sinks, out)
-        if self.flow_state is not None:
-            self._write_flow_state()
         summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels)
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
@@ -359,17 +349,6 @@ class _Run:
             stem = os.path.basename(info.name) if info.name not in ("<stdin>", "<stream>") else "stdin"
             result.sidecar = write_analysis_sidecar(out / f"{stem}.bigtcp.tsv", analysis=result)
         return result
-
-
-def _flow_state_table(parts: list) -> Any:
-    import pyarrow as pa
-
-    from .output import arrow as A
-
-    fid = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-    fr = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint8)
-    schema = pa.schema([("flow_id", pa.int64()), ("finrst", pa.uint8())])
-    return A.table({"flow_id": fid, "finrst": fr}, schema)  # (pa.array on numpy imports pandas: 0.4 s)
 
 
 def _close_sinks(sinks: dict[str, P.TableSink], meta: dict, outdir: Path | None) -> OutputError | None:

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import findings as F
-from .flows.table import F_GAP, F_OOO, F_RETRANS, MAX_HOLES, NF, seq_kernel
+from .flows.table import CLOSE_TIMEOUT_NS, F_GAP, F_OOO, F_RETRANS, IDLE_TIMEOUT_NS, MAX_HOLES, NF, seq_kernel
 from .output.parquet import MERGE_ROWS, read_metadata
 from .split import Part
 
@@ -42,7 +42,9 @@ class NotExact(Exception):
 
 
 def _closed(bits: int) -> bool:
-    return bool(bits & 2) or (bits & 5) == 5  # RST either way, or FIN both ways (bit 4: FIN of the reverse)
+    """``flows.table._ended``'s test of a closed connection on both directions' bits packed as here: RST either
+    way (2), or FIN both ways (1: this direction, 4: the reverse)."""
+    return bool(bits & 2) or (bits & 5) == 5
 
 
 class _Gaps:
@@ -93,8 +95,8 @@ def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
     if not conns:
         return gid
     params = (meta.get("params") or {}).get("flows") or {}
-    idle = round(float(params.get("idle_timeout_s", 120.0)) * 1e9)
-    close = round(float(params.get("close_timeout_s", 5.0)) * 1e9)
+    idle = round(float(params.get("idle_timeout_s", IDLE_TIMEOUT_NS / 1e9)) * 1e9)
+    close = round(float(params.get("close_timeout_s", CLOSE_TIMEOUT_NS / 1e9)) * 1e9)
     bits_of = np.zeros(n, np.int64)
     fids = allf["flow_id"].to_numpy()
     for k, d in enumerate(dirs):
@@ -145,11 +147,10 @@ def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
                     bits |= (b & 2) | ((b & 1) << (2 * dd))
                     last = max(last or 0, int(t1s[r]))
     # number the flows in order of first appearance, as the serial run does
-    _, first = np.unique(gid, return_index=True)
-    order = np.argsort(first, kind="stable")
-    ren = np.empty(order.size, np.int64)
-    ren[order] = np.arange(order.size)
-    return ren[np.searchsorted(np.unique(gid), gid)]
+    _, first, inverse = np.unique(gid, return_index=True, return_inverse=True)
+    ren = np.empty(first.size, np.int64)
+    ren[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return ren[inverse.ravel()]
 
 
 def _read(d: Path, table: str) -> pa.Table | None:
@@ -222,13 +223,12 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
         pk = [_remap(_shift(pq.read_table(d / f"{name}.parquet", columns=cols), ["frame"], o), "flow_id", m)
               for d, o, m in zip(dirs, offs, maps)]
         packets_t = pa.concat_tables(pk)
-    for d in dirs[:-1]:  # a part that ended with GRO entries held: when and why the serial run completes them
-        # depends on what its receive queue sees next, which that part did not see
-        t = pq.read_table(d / "superpackets.parquet", columns=["flush_reason"])
-        if pc.any(pc.equal(pc.cast(t.column(0), pa.string()), "end_of_capture")).as_py():
-            raise NotExact("a part ended with GRO entries held")
     sp = [_remap(_shift(_read(d, "superpackets"), ["first_frame", "last_frame"], o), "flow_id", m)
           for d, o, m in zip(dirs, offs, maps)]
+    for t in sp[:-1]:  # a part that ended with GRO entries held: when and why the serial run completes them
+        # depends on what its receive queue sees next, which that part did not see
+        if pc.any(pc.equal(pc.cast(t.column("flush_reason"), pa.string()), "end_of_capture")).as_py():
+            raise NotExact("a part ended with GRO entries held")
     sp_t = pa.concat_tables(sp)
 
     flows = _reduce_flows(allf, offs, packets_t, sp_t)

@@ -141,7 +141,4 @@ class AckEvidence:
         out = []
         while self._held:
             out.append(self._pop())
-        self._ahead = 0
         return out
-
-

@@ -9,8 +9,8 @@
     rows = stage.finish()                   # the rest, at the end of the capture
 
 With ``ack_evidence`` a batch is fed to the engine once ``evidence.WINDOW`` later rows have been seen (the
-lookahead of ``evidence.AckEvidence``); with ``split_receivers`` every frame goes to the NAPI model of the host that receives it (``receivers.Receivers``,
-whose ``labels`` name the ``receiver`` index of each row).
+lookahead of ``evidence.AckEvidence``); with ``split_receivers`` every frame goes to the NAPI model of the host
+that receives it (``receivers.Receivers``, whose ``labels`` name the ``receiver`` index of each row).
 """
 
 from __future__ import annotations

@@ -72,12 +72,19 @@ def _dict_array(codes: np.ndarray, names: tuple[str, ...]) -> pa.Array:
 # what a split run's merge needs of every packet (merge.py): the flow, its place and its sequence numbers
 MERGE_ROWS = ("frame", "flow_id", "tcp_seq", "tcp_payload_len", "tcp_flags")
 MERGE_ROWS_SCHEMA = pa.schema([PACKETS_SCHEMA.field(n) for n in MERGE_ROWS] + [("ts_ns", pa.int64())])
+# and of every flow row: the FIN (1) / RST (2) bits seen in the flow's own direction
+FLOW_STATE_SCHEMA = pa.schema([("flow_id", pa.int64()), ("finrst", pa.uint8())])
+
+
+def _is_tcp(pb: PacketBatch) -> np.ndarray:
+    """Rows with a whole TCP header (the others have null TCP columns)."""
+    return (pb.l4_off >= 0) & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)
 
 
 def merge_rows_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     """The ``MERGE_ROWS`` of a batch with the values the merge reads from packets.parquet (where that has a
     null: no flow -1, not a whole TCP header 0), and the raw timestamp (what the flow table's timeouts see)."""
-    tcp = (pb.l4_off >= 0) & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)
+    tcp = _is_tcp(pb)
     return A.table({"frame": pb.frame, "flow_id": flow_id, "tcp_seq": np.where(tcp, pb.tcp_seq, 0),
                     "tcp_payload_len": np.where(tcp, pb.tcp_payload_len, 0),
                     "tcp_flags": np.where(tcp, pb.tcp_flags, 0), "ts_ns": pb.ts_ns}, MERGE_ROWS_SCHEMA)
@@ -86,7 +93,7 @@ def merge_rows_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
 def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     """packets.parquet rows of a batch: each column as the column table declares it (type, when null)."""
     l4 = pb.l4_off >= 0
-    is_tcp = l4 & (pb.l4_proto == 6) & (pb.tcp_hdr_len >= 20)  # a TCP header cut by the snaplen: nulls
+    is_tcp = _is_tcp(pb)  # a TCP header cut by the snaplen: nulls
     null_when = {  # the ``null`` vocabulary of schema.Column; each mask computed once, when a column needs it
         "ts_unknown": lambda: pb.ts_ns == TS_UNKNOWN, "no_flow": lambda: flow_id < 0,
         "no_ip": lambda: pb.ip_version == 0, "no_jumbo": lambda: ~pb.has_jumbo,
