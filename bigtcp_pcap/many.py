@@ -86,11 +86,9 @@ def run_task(task: dict) -> dict:
         res["error"] = a.error.one_line() if a.error else None
         flows = out / "flows.parquet"
         if flows.exists():
-            import pyarrow.compute as pc
-            import pyarrow.parquet as pq
+            from .output.parquet import column_max
 
-            m = pc.max(pq.read_table(flows, columns=["max_superpacket_len"]).column(0)).as_py()
-            res["largest_superpacket"] = m
+            res["largest_superpacket"] = column_max(flows, "max_superpacket_len")
     except (CaptureError, UsageError) as e:
         res["error"] = e.one_line() if isinstance(e, CaptureError) else str(e)
     except Exception as e:  # noqa: BLE001 - a bug must not stop the other captures; it is reported with its type
@@ -272,10 +270,9 @@ def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], re
     summary["capture"]["duration_s"] = round((parts[-1].ts_last_ns - parts[0].ts_first_ns) / 1e9, 6)
     for r in results:
         shutil.rmtree(r["outdir"], ignore_errors=True)
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    from .output.parquet import column_max
 
-    big = pc.max(pq.read_table(out / "flows.parquet", columns=["max_superpacket_len"]).column(0)).as_py()
+    big = column_max(out / "flows.parquet", "max_superpacket_len")
     return {"name": name, "path": path, "outdir": str(out), "error": None, "partial": False, "summary": summary,
             "files": [], "largest_superpacket": big}
 

@@ -273,3 +273,25 @@ def read_metadata(path: str | Path) -> dict:
             else:
                 out[key] = json.loads(text)
     return out
+
+
+def column_max(path: str | Path, column: str):
+    """The largest non-null value of ``column`` in a table (None when it has none), from the row groups'
+    statistics where they are written, else by reading that column alone. Neither imports pyarrow.dataset
+    (and pandas with it: ~0.35 s in a worker process that needs neither)."""
+    f = pq.ParquetFile(path)
+    md = f.metadata
+    j = md.schema.to_arrow_schema().get_field_index(column)
+    best = None
+    for i in range(md.num_row_groups):
+        c = md.row_group(i).column(j)
+        if c.num_values == 0:
+            continue
+        st = c.statistics
+        if st is None or not st.has_min_max:
+            if st is not None and st.null_count == c.num_values:
+                continue  # every value null
+            col = f.read(columns=[column]).column(0).drop_null()
+            return max(col.to_pylist()) if len(col) else None
+        best = st.max if best is None else max(best, st.max)
+    return best
