@@ -17,22 +17,23 @@ them too:
   part (exact, no sketch).
 
 The gap is measured against the largest timestamp so far (a frame stamped earlier than its predecessor never
-opens a gap). The first pass is the compiled record walk (``capture/walk.py`` through ``CaptureReader``): it
-reads only the record headers' timestamps and offsets, no decoding. Only uncompressed pcap files are cut (a part
+opens a gap). The first pass is the reader's compiled record walk (``capture/walk.py``) over a memory map of the file:
+it reads only the record headers' timestamps and offsets, no decoding. Only uncompressed pcap files are cut (a part
 is then the file header plus a byte range of records, read in place); pcapng and compressed captures run whole.
 """
 
 from __future__ import annotations
 
 import io
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .capture.reader import PCAP_MAGICS, CaptureReader
-from .errors import CaptureError
+from .capture import walk
+from .capture.reader import MAX_CAPLEN, PCAP_MAGICS
 
 DEFAULT_ACK_DELAY_NS = 200_000_000
 
@@ -77,18 +78,13 @@ def find_parts(path: str | os.PathLike, parts: int, min_gap_ns: int) -> list[Par
     whole = [Part(path, 0, 0, size, 0, -1)]
     if parts < 2 or not splittable(path):
         return whole
-    ts, offs = [], []
-    try:
-        for rb in CaptureReader(path):
-            ts.append(rb.ts_ns.copy())
-            offs.append(rb.file_off.copy())
-    except CaptureError:  # a damaged capture runs whole: its error is reported by the analysis itself
+    got = record_times(path)
+    if got is None:  # a damaged capture runs whole: its error is reported by the analysis itself
         return whole
-    if not ts:
-        return whole
-    t = np.concatenate(ts)
-    off = np.concatenate(offs)
+    t, off = got
     n = t.shape[0]
+    if n == 0:
+        return whole
     gap = t[1:] - np.maximum.accumulate(t)[:-1]
     cand = np.flatnonzero(gap > min_gap_ns) + 1  # record index that starts a new part
     if cand.shape[0] == 0:
@@ -104,6 +100,43 @@ def find_parts(path: str | os.PathLike, parts: int, min_gap_ns: int) -> list[Par
         stop = int(off[b]) if b < n else size
         out.append(Part(path, k, start, stop, a, b - a, int(t[a]), int(t[b - 1])))
     return out
+
+
+def record_times(path: str | os.PathLike, chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every record's timestamp (ns) and header offset in the pcap file ``path``, by the reader's compiled
+    record walk over a memory map (no batches, no copies of the records); None when a record header is damaged
+    (a caplen beyond ``MAX_CAPLEN``). A truncated last record ends the list."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= 24:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: a writable view, never written
+        except (OSError, ValueError):  # not a regular file: it runs whole
+            return None
+    try:
+        got = _walk_records(np.frombuffer(mm, np.uint8), size, chunk)
+    finally:
+        mm.close()
+    return got
+
+
+def _walk_records(data: np.ndarray, size: int, chunk: int) -> tuple[np.ndarray, np.ndarray] | None:
+    be, ts_mul = PCAP_MAGICS[int.from_bytes(data[:4].tobytes(), "little")]
+    off = np.empty(chunk, np.int64)
+    caplen, wirelen = np.empty(chunk, np.uint32), np.empty(chunk, np.uint32)
+    ts, rec = np.empty(chunk, np.int64), np.empty(chunk, np.int64)
+    t_out, o_out, pos = [], [], np.int64(24)
+    while True:
+        n, pos, status, _ = walk.walk_pcap(data, pos, np.int64(size), be, np.int64(ts_mul), np.int64(MAX_CAPLEN),
+                                           off, caplen, wirelen, ts, rec)
+        t_out.append(ts[:n].copy())
+        o_out.append(rec[:n].copy())
+        if status == walk.BAD_CAPLEN:
+            return None
+        if status != walk.FULL:
+            break
+    return np.concatenate(t_out), np.concatenate(o_out)
 
 
 class PartReader(io.RawIOBase):

@@ -306,3 +306,68 @@ def test_a_part_run_loads_no_pandas(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "False"
     assert (tmp_path / "o" / "merge_rows.parquet").exists() and (tmp_path / "o" / "flow_state.parquet").exists()
+    # nor does the worker's whole task (its largest super-packet once came from pq.read_table: pyarrow.dataset,
+    # which imports pandas, 0.25-0.35 s of a 1 M-packet part)
+    cap = SPLIT_FIXTURES[0]
+    code = ("import sys, json; from pathlib import Path; import bigtcp_pcap.many as M; "
+            f"ps, ts = M._split_tasks({str(cap)!r}, 'c', Path({str(tmp_path / 'parts')!r}), 2, "
+            "dict(M._gro_kw({}), ack_delay_ns=None, part_packets=False)); "
+            "r = [M.run_task(t) for t in ts]; "
+            "print(json.dumps(['pandas' in sys.modules, [x['largest_superpacket'] for x in r], "
+            "[x['outdir'] for x in r]]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded, largest, outs = json.loads(r.stdout)
+    assert loaded is False and len(outs) == 2
+    for big, out in zip(largest, outs):
+        col = pd.read_parquet(f"{out}/flows.parquet")["max_superpacket_len"].dropna()
+        assert big == (int(col.max()) if len(col) else None)
+    assert any(b is not None and b > 1500 for b in largest), largest
+
+
+def _big_endian(src, dst) -> None:
+    """``src`` (a little-endian pcap) rewritten with big-endian headers: the same records."""
+    import struct
+
+    b = src.read_bytes()
+    out = bytearray(struct.pack(">IHHiIII", *struct.unpack("<IHHiIII", b[:24])))
+    pos = 24
+    while pos + 16 <= len(b):
+        hdr = struct.unpack("<IIII", b[pos:pos + 16])
+        out += struct.pack(">IIII", *hdr) + b[pos + 16:pos + 16 + hdr[2]]
+        pos += 16 + hdr[2]
+    dst.write_bytes(bytes(out))
+
+
+def test_record_times_are_the_readers(tmp_path):
+    """The cut finder's own record walk (over a memory map) gives the reader's timestamps and record offsets:
+    micro- and nanosecond files, big-endian, a truncated last record; a damaged caplen gives None (runs whole)."""
+    from bigtcp_pcap.capture.reader import CaptureReader
+    from bigtcp_pcap.errors import CaptureError
+    from bigtcp_pcap.split import record_times
+
+    field = KERNEL.parent / "field"
+    caps = SPLIT_FIXTURES[:3] + LINKTYPES[:2] + [field / "erspan_zeek.pcap", field / "cisco_fabricpath.pcap"]
+    be = tmp_path / "be.pcap"
+    _big_endian(SPLIT_FIXTURES[0], be)
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(SPLIT_FIXTURES[1].read_bytes()[:-7])
+    magics = set()
+    for cap in [*caps, be, cut]:
+        magics.add(cap.read_bytes()[:4])
+        ts, off = [], []
+        try:
+            for rb in CaptureReader(cap):
+                ts.append(rb.ts_ns)
+                off.append(rb.file_off)
+        except CaptureError:  # the truncated file: what the reader read before it
+            assert cap == cut
+        t, o = record_times(cap, chunk=50)  # several walks per file
+        assert np.array_equal(t, np.concatenate(ts)), cap
+        assert np.array_equal(o, np.concatenate(off)), cap
+        assert t.size > 50, cap
+    assert len(magics) >= 3, magics  # usec and nsec little-endian, and big-endian
+    bad = bytearray(SPLIT_FIXTURES[0].read_bytes())
+    bad[24 + 8:24 + 12] = (1 << 30).to_bytes(4, "little")  # the first record's caplen: 1 GiB
+    (tmp_path / "bad.pcap").write_bytes(bytes(bad))
+    assert record_times(tmp_path / "bad.pcap") is None
+    assert find_parts(tmp_path / "bad.pcap", 2, 1)[0].records == -1  # one part: the whole file
