@@ -150,6 +150,10 @@ def test_dask_localcluster(tmp_path):
         cap = KERNEL / "v6_80000.snd.pcap"
         split = analyze_split(cap, tmp_path / "split", client=client, parts=3)
         assert split.params["parts"] >= 2
+        # the nanny fixed the workers' glibc trim threshold; their tasks undid it (batch_friendly_malloc)
+        env = client.run(lambda: __import__("os").environ.get("MALLOC_TRIM_THRESHOLD_"))
+        assert set(env.values()) == {"65536"}, env
+        assert all(client.run(lambda: __import__("bigtcp_pcap.many").many._MALLOC_SET).values())
     assert_same_tables(analyze(cap, outdir=tmp_path / "serial").outdir, split.outdir)
 
 
@@ -371,3 +375,41 @@ def test_record_times_are_the_readers(tmp_path):
     (tmp_path / "bad.pcap").write_bytes(bytes(bad))
     assert record_times(tmp_path / "bad.pcap") is None
     assert find_parts(tmp_path / "bad.pcap", 2, 1)[0].records == -1  # one part: the whole file
+
+
+MALLINFO = """
+import ctypes, json, sys
+import numpy as np
+class MI(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                             "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MI
+from bigtcp_pcap.many import batch_friendly_malloc
+out = {}
+for step in ("before", "after"):
+    if step == "after":
+        out["changed"] = batch_friendly_malloc()
+    a = np.ones(4 << 20, np.uint8)  # 4 MiB: mmapped below the threshold, from the heap above it
+    out[step] = libc.mallinfo2().hblkhd >= (4 << 20)
+    del a
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("trim", ["65536", None], ids=["dask-nanny-env", "default"])
+def test_batch_arrays_come_from_the_heap_in_dask_workers(trim):
+    """With the trim threshold a Dask nanny sets, every 4 MiB batch array is its own mmap (glibc's dynamic
+    threshold is off); ``batch_friendly_malloc`` (run by every task) puts them back on the heap. Without the
+    variable it changes nothing (glibc's own dynamic threshold does that after the first frees)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    if trim:
+        env["MALLOC_TRIM_THRESHOLD_"] = trim
+    r = subprocess.run([sys.executable, "-c", MALLINFO], capture_output=True, text=True, check=True, env=env)
+    got = json.loads(r.stdout)
+    # the first array is mmapped either way; the second one too only when the threshold is fixed and not undone
+    assert got == {"before": True, "changed": bool(trim), "after": False}
