@@ -9,7 +9,9 @@ client ports, as a file of repeated iperf3 runs looks), then times, as separate 
 
 * one capture: `analyze BIG` (one process), `analyze BIG --jobs 2` (cut at its idle gaps, 2 processes),
   `analyze BIG --dask local:2` (2 one-thread LocalCluster workers; the cluster's start-up is included);
-* the set: `analyze DIR` (one process, one capture after the other), `--jobs 2`, `--dask local:2`.
+* the set: `analyze DIR` (one process, one capture after the other), `--jobs 2`, `--dask local:2`;
+* both again with `--dask ADDRESS`: a cluster started before the timing (a scheduler and 2 one-thread workers,
+  as a user's running cluster), so its start-up is not counted; the first task of each worker warms it.
 
 It prints wall seconds, packets per second, the speed-up over the one-process run and the 1-minute load average
 before and after each command (the machine may be shared). No timing is asserted anywhere; this only measures.
@@ -88,6 +90,37 @@ def timed(args: list[str], repeat: int) -> dict:
     return best
 
 
+class RunningCluster:
+    """A dask.distributed cluster started before the timed commands, as a user's cluster is running when they
+    pass ``--dask ADDRESS``: ``dask scheduler`` and ``workers`` one-thread ``dask worker`` processes (with their
+    nannies, as a LocalCluster has), on a free localhost port, stopped at exit."""
+
+    def __init__(self, workers: int = 2) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{port}"
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        dask = str(ROOT / ".venv" / "bin" / "dask")
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
+        self.procs = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                        "--no-dashboard"], **quiet)]
+        self.procs += [subprocess.Popen([dask, "worker", self.address, "--nthreads", "1", "--no-dashboard",
+                                         "--memory-limit", "0"], **quiet) for _ in range(workers)]
+        from distributed import Client
+
+        with Client(self.address, timeout=60) as c:
+            c.wait_for_workers(workers, timeout=120)
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            p.wait(timeout=60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--packets", type=int, default=2_000_000)
@@ -110,9 +143,29 @@ def main() -> None:
         test_runs(sorted(many.glob("cap*.pcap")), big)
     n_big = (big.stat().st_size, a.packets)
     rows = []
+    cluster = RunningCluster(2)
+    modes = (("1 process", []), ("--jobs 2", ["--jobs", "2"]), ("--dask local:2", ["--dask", "local:2"]),
+             ("--dask ADDRESS", ["--dask", cluster.address]))
+    try:
+        _run_all(a, big, many, n_big, each, modes, work, rows)
+    finally:
+        cluster.close()
+    if a.json:
+        print(json.dumps({"cpus": os.cpu_count(), "rows": rows}))
+    else:
+        print(f"cpus {os.cpu_count()}; captures in {work}; --dask ADDRESS: a running cluster "
+              f"(dask scheduler + 2 one-thread dask workers, started before timing)")
+        for r in rows:
+            print(f"{r['input']:>12}  {r['mode']:<15} {r['wall_s']:7.2f} s  {r['packets_per_s']:>9} pkt/s  "
+                  f"x{r['speedup']:.2f}  load {r['load1_before']:.2f} -> {r['load1_after']:.2f}")
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_all(a, big: Path, many: Path, n_big: tuple, each: int, modes: tuple, work: Path, rows: list) -> None:
     for label, src, n in (("one capture", str(big), n_big[1]), (f"{a.captures} captures", str(many), each * a.captures)):
         base = None
-        for mode, extra in (("1 process", []), ("--jobs 2", ["--jobs", "2"]), ("--dask local:2", ["--dask", "local:2"])):
+        for mode, extra in modes:
             out = work / "out"
             shutil.rmtree(out, ignore_errors=True)
             r = timed(["analyze", src, "-o", str(out), *extra], a.repeat)
@@ -120,15 +173,6 @@ def main() -> None:
             rows.append({"input": label, "mode": mode, "wall_s": round(r["wall"], 2),
                          "packets_per_s": round(n / r["wall"]), "speedup": round(base / r["wall"], 2),
                          "load1_before": r["load_before"], "load1_after": r["load_after"]})
-    if a.json:
-        print(json.dumps({"cpus": os.cpu_count(), "rows": rows}))
-    else:
-        print(f"cpus {os.cpu_count()}; captures in {work}")
-        for r in rows:
-            print(f"{r['input']:>12}  {r['mode']:<15} {r['wall_s']:7.2f} s  {r['packets_per_s']:>9} pkt/s  "
-                  f"x{r['speedup']:.2f}  load {r['load1_before']:.2f} -> {r['load1_after']:.2f}")
-    if not a.keep:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
