@@ -48,7 +48,7 @@ from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
-from .engine import GroEngine, _poll_marks, _receivers, next_same
+from .engine import GroEngine, _poll_marks, _receivers
 from .prepare import FRAGMENT_OTHER, KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
 from .rules import (
     M32,
@@ -500,6 +500,28 @@ def _mix(h, x):
     return h ^ (h >> np.uint64(29))
 
 
+@njit(cache=True, entry=True, sig="i64[::1], i64[::1], i64[::1]")
+def _next_same(gids, last, out):
+    """``engine.next_same`` in one backward pass (no sort): ``last[g]`` is the row of gid g seen last."""
+    for i in range(gids.shape[0] - 1, -1, -1):
+        g = gids[i]
+        if g < 0:
+            out[i] = -1
+        else:
+            out[i] = last[g]
+            last[g] = i
+
+
+def next_same_compiled(gids: np.ndarray) -> np.ndarray:
+    """For each row, the next row with the same gid (-1 for the last one, and for rows with gid -1): the
+    compiled twin of ``engine.next_same``."""
+    g = np.ascontiguousarray(gids, np.int64)
+    out = np.empty(g.shape[0], np.int64)
+    if g.shape[0]:
+        _next_same(g, np.full(max(int(g.max()), 0) + 1, -1, np.int64), out)
+    return out
+
+
 @njit(cache=True, entry=True,
       sig="i64[:, ::1], u64[:, ::1], i64, i64, u64[:, ::1], i64[::1], i64[::1]")
 def _dir_ids(S, keys, g0, g1, DK, DTAB, DST):
@@ -767,7 +789,7 @@ class CompiledGroEngine:
         gids = self._assign_gids(batch, prep, rx)
         O = self._out(n + self.held)
         self._K[0] = 0
-        nxt = next_same(gids) if len(ak) else _NO_NEXT
+        nxt = next_same_compiled(gids) if len(ak) else _NO_NEXT
         _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, nxt, self._S, self._D, self._Q, self._B, self._C, O,
              self._K)
         return self._take(O)

@@ -556,3 +556,20 @@ def test_kernel_capture_with_receivers_and_ack_evidence_identical(capture, cname
     assert_same(out["reference"], out["compiled"], f"{capture}/{cname}/stage")
     pe = set(out["compiled"].poll_end.tolist())
     assert pe <= {0, 1, 2, 3, 4, 6, 7}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_next_same_twins(seed):
+    """The compiled one-pass next-row-of-the-same-gid (the ACK evidence's successor links) is the reference's
+    sort-based definition, on gids with repeats, gaps and -1 rows; and by a direct scan on the first rows."""
+    from bigtcp_pcap.gro.compiled import next_same_compiled
+    from bigtcp_pcap.gro.engine import next_same
+
+    rng = np.random.default_rng(seed)
+    n = [0, 1, 1000, 70_000][seed]
+    gids = rng.integers(-1, max(2, n // [1, 1, 3, 50][seed]), n).astype(np.int64)
+    got = next_same_compiled(gids)
+    assert np.array_equal(got, next_same(gids))
+    for i in range(min(n, 200)):
+        later = [j for j in range(i + 1, n) if gids[j] == gids[i]]
+        assert got[i] == (later[0] if later and gids[i] >= 0 else -1)
