@@ -274,7 +274,8 @@ class _Run:
                 self.emit_superpackets(gro_stage.feed(rb, pb, fid))
                 self.whatif.add(pb, fid, gro_stage.last_receivers)
                 if len(pb):  # ended flows leave memory (those with GRO rows still to come wait)
-                    self.emit_flows(flows.expire(int(pb.ts_ns.max()), gro_stage.held_flow_ids()))
+                    self.emit_flows(flows.expire(int(pb.ts_ns.max()), gro_stage.held_flow_ids(),
+                                                 hold_from_frame=gro_stage.pending_from_frame()))
                     gro_stage.recycle(flows.in_memory)  # and the GRO engine forgets their keys
                 self.audits.feed(rb, pb, fid)
                 if progress is not None:

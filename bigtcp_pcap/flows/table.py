@@ -34,8 +34,9 @@ CLOSE_TIMEOUT_NS = 5 * 10**9  # Zeek's tcp_close_delay
 
 # --- per-slot int64 fields of F ---------------------------------------------------------------------------
 (F_FID, F_STATE, F_REV, F_FINRST, F_PACKETS, F_PAYLOAD, F_WIRE, F_BIG, F_MAXP, F_FIRST, F_TS0, F_TS1, F_MSS,
- F_INITED, F_MAXEND, F_NHOLES, F_GAP, F_RETRANS, F_OOO, F_HHEAD, F_HLAST, F_SHEAD, F_SLAST, F_HOLD) = range(24)
-NF = 24
+ F_INITED, F_MAXEND, F_NHOLES, F_GAP, F_RETRANS, F_OOO, F_HHEAD, F_HLAST, F_SHEAD, F_SLAST, F_HOLD,
+ F_LASTFRAME) = range(25)
+NF = 25
 FREE, ALIVE, ZOMBIE = 0, 1, 2  # ZOMBIE: ended, out of the key table, its row not yet written
 # --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest ----------------------
 NKY = 6
@@ -381,6 +382,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
         if pl > F[f, F_MAXP]:  # noqa: PLR1730 - no store in the common case
             F[f, F_MAXP] = pl
         F[f, F_TS1] = t
+        F[f, F_LASTFRAME] = np.int64(frame[i])
         fl = np.int64(flags[i])
         if (fl & TH_SYN) and mss[i] > 0:
             F[f, F_MSS] = np.int64(mss[i])
@@ -489,15 +491,16 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
 
 
 @njit(cache=True, entry=True,
-      sig=("i64, bool, i64[::1], i64[::1], i64[:, ::1], u64[:, ::1], i64[::1], u64[::1], i64[::1], u64[::1], "
+      sig=("i64, bool, i64[::1], i64, i64[::1], i64[:, ::1], u64[:, ::1], i64[::1], u64[::1], i64[::1], u64[::1], "
           "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[:, "
           "::1], u64[:, ::1]"))
-def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, WL, WC, R,
-                  RK):
+def expire_kernel(now, everything, held, hold_from, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, WL,
+                  WC, R, RK):
     """Write the rows of ended flows into R / RK (keys) and free their state; returns the number of rows.
 
     Ended: retired during the batch (ZL), or alive and ended by ``now``; ``everything``: every flow (end of the
-    capture). Flows whose id is in ``held`` (GRO entries still held) wait for a later call."""
+    capture). Flows whose id is in ``held`` (GRO entries still held), and flows with a packet at frame
+    ``hold_from`` or later (rows a later stage has not fed yet), wait for a later call."""
     idle = TO[0]
     close = TO[1]
     for i in range(held.shape[0]):
@@ -509,7 +512,7 @@ def expire_kernel(now, everything, held, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC,
     k = 0
     for s in range(F.shape[0]):
         st = F[s, F_STATE]
-        if st == FREE or F[s, F_HOLD]:
+        if st == FREE or F[s, F_HOLD] or F[s, F_LASTFRAME] >= hold_from:
             continue
         if st == ZOMBIE or everything or _ended(F, s, now, idle, close):
             ZL[k] = s
@@ -796,16 +799,19 @@ class FlowTable:
         dport = (ky[:, 0] & np.uint64(0xFFFF)).astype(np.int64).tolist()
         return [(src[i], dst[i], sport[i], dport[i], int(ver[i])) if known[i] else None for i in range(len(src))]
 
-    def expire(self, now_ns: int, held_flow_ids: np.ndarray | None = None, everything: bool = False) -> dict | None:
+    def expire(self, now_ns: int, held_flow_ids: np.ndarray | None = None, everything: bool = False,
+               hold_from_frame: int | None = None) -> dict | None:
         """Columns (flows table) of the flows that ended by ``now_ns`` (all with ``everything``), sorted by
         flow_id, their state freed; None when there are none. ``held_flow_ids``: flows with a GRO entry still
-        held, kept for a later call."""
+        held, kept for a later call; ``hold_from_frame``: flows with a packet at this frame or later are kept
+        too (their rows wait in a later stage: the ACK evidence's lookahead)."""
         cap = self.F.shape[0]
         if self._R.shape[0] < cap:
             self._R = np.zeros((cap, NR), np.int64)
             self._RK = np.zeros((cap, 5), np.uint64)
         held = np.zeros(0, np.int64) if held_flow_ids is None else np.ascontiguousarray(held_flow_ids, np.int64)
-        k = expire_kernel(np.int64(now_ns), everything, held, self._TO, self.F, self.KY, self.TAB, self.FK,
+        hold_from = np.int64(np.iinfo(np.int64).max if hold_from_frame is None else hold_from_frame)
+        k = expire_kernel(np.int64(now_ns), everything, held, hold_from, self._TO, self.F, self.KY, self.TAB, self.FK,
                           self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE, self.ZL, self.ST,
                           self._WL, self._WC, self._R, self._RK)
         if not k:

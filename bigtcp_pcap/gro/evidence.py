@@ -23,25 +23,61 @@ import numpy as np
 
 from .._native import njit
 from ..decode.schema import TH_ACK, PacketBatch
-from ..flows.table import EMPTY, _digest, _fmix, _hm_find, _hm_insert
+from ..flows.table import EMPTY, _digest, _fmix
 
 _U32 = np.uint64(0xFFFFFFFF)
+_NO_KEY = np.uint64(0)  # no ACK key is known absent (a digest of 0 would only be looked up twice)
+
+
+@njit(cache=True, inline="always")
+def _find(TK, TV, k, base, tmask):
+    """Index of key ``k`` (its own hash) in the table at ``base`` (``tmask + 1`` slots) of TK/TV, or ``-2 - s``
+    where ``s`` is the empty slot that ended the search (where it would go)."""
+    j = np.int64(k & np.uint64(tmask))
+    while True:
+        v = TV[base + j]
+        if v == EMPTY:
+            return -2 - (base + j)
+        if TK[base + j] == k:
+            return base + j
+        j = (j + 1) & tmask
 
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u64[::1], i64[::1], b1[::1], bool, i64, i64"))
-def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, K, V, out, check, row0, window):
-    """Backwards over one batch whose first row is row ``row0`` of the scan. Every ACK's (reverse flow, ack
-    number) key goes into the map (K/V: the flow table's open-addressing map, at most half full) with the row of
-    its nearest later sighting; with ``check``, a data segment whose (flow, end) key is there, ACKed by a
-    packet at most ``window`` rows later, gets ``out[i] = True``. A packet's own ACK is added after its check,
-    so it never counts for itself. Flow directions are digested as the flow table digests its keys."""
+           "u64[:, ::1], i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], i64[::1], i64[::1]"))
+def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, window, gshift, TK, TV, TF,
+             FLAG, PREV, ST):
+    """One forward pass over a batch whose first row is row ``row0`` of the stream.
+
+    A data segment's (flow, end) key goes into the table of its generation (rows ``g << gshift`` to
+    ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size`` of TK/TV/TF,
+    each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
+    judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow,
+    ack number) key is looked up in its generation's table and the previous one's: every row of those chains
+    not judged yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own
+    segment goes in, so it never counts for itself. Entering a generation clears the table of the one two back,
+    out of every window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it
+    has not taken). Flow directions are digested as the flow table digests its keys."""
+    rmask = np.int64(FLAG.shape[0] - 1)
+    size = np.int64(TV.shape[0] >> 1)
+    tmask = size - 1
+    gen = ST[0]
     pv = np.uint8(0)  # the previous TCP row's 5-tuple and its two digests: runs of one flow skip the mixing
     ps0 = ps1 = pd0 = pd1 = np.uint64(0)
     psp = pdp = np.uint16(0)
     fwd = rev = np.uint64(0)
-    for i in range(ver.shape[0] - 1, -1, -1):
+    absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
+    for i in range(ver.shape[0]):
+        r = row0 + i
+        FLAG[r & rmask] = 0
+        PREV[r & rmask] = -1
+        g = r >> gshift
+        if g != gen:  # a new generation: its table held the one two back
+            base = (g & 1) * size
+            for j in range(base, base + size):
+                TV[j] = EMPTY
+            gen = g
         v = ver[i]
         if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
             continue
@@ -51,26 +87,36 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
             fwd = _digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1)
             rev = _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1)
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
-        if check and plen[i] > 0:
-            k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
-            j = _hm_find(K, V, k, k)  # (the key is a digest already: it is its own hash)
-            if j >= 0 and V[j] - (row0 + i) <= window:
-                out[i] = True
+        here = (g & 1) * size
         if flags[i] & TH_ACK:
             k = _fmix(rev, np.uint64(ack[i]))
-            j = _hm_find(K, V, k, k)
-            if j < 0:
-                _hm_insert(K, V, k, k, np.int64(row0 + i))
+            if k != absent:  # (one-way captures repeat an ACK number that is in neither table)
+                hit = False
+                for base in (here, size - here):  # this generation's chain, then the previous one's
+                    j = _find(TK, TV, k, base, tmask)
+                    if j >= 0:
+                        hit = True
+                        x, stop, lo = TV[j], TF[j], r - window
+                        while x > stop and x >= lo:
+                            FLAG[x & rmask] = 1
+                            x = PREV[x & rmask]
+                        TF[j] = TV[j]
+                if not hit:
+                    absent = k
+        if plen[i] > 0:
+            k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
+            j = _find(TK, TV, k, here, tmask)
+            if j >= 0:
+                PREV[r & rmask] = TV[j]
+                TV[j] = r
             else:
-                V[j] = row0 + i  # the nearest later sighting
-
-
-def _scan(pb: PacketBatch, K: np.ndarray, V: np.ndarray, out: np.ndarray, check: bool, row0: int) -> None:
-    n = len(pb)
-    src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
-    dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
-    ack_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq, pb.tcp_ack,
-             pb.sport, pb.dport, src, dst, K, V, out, check, np.int64(row0), np.int64(WINDOW))
+                j = -2 - j  # the empty slot that ended the search
+                TK[j] = k
+                TV[j] = r
+                TF[j] = -1
+                if k == absent:
+                    absent = _NO_KEY
+    ST[0] = gen
 
 
 # How far after a segment its ACK may come and still count: a number of packets, not "the next batch", so the
@@ -85,56 +131,77 @@ def acked_ends(pb: PacketBatch, lookahead: PacketBatch | list[PacketBatch] | Non
     following batches ``lookahead``) ACKs exactly this data segment's end (keys compared by their 64-bit
     digest)."""
     ahead = [] if lookahead is None else [lookahead] if isinstance(lookahead, PacketBatch) else list(lookahead)
-    n2 = sum(len(b) for b in ahead)
-    size = 1 << max(4, int(2 * (len(pb) + n2)).bit_length())
-    K, V = np.empty(size, np.uint64), np.full(size, EMPTY, np.int64)
-    out = np.zeros(len(pb), np.bool_)
-    row = len(pb) + n2
-    for b in reversed(ahead):  # every ACK of the lookahead is later than every segment of pb
-        row -= len(b)
-        _scan(b, K, V, np.zeros(0, np.bool_), False, row)
-    if len(pb):
-        _scan(pb, K, V, out, True, 0)
-    return out
+    ev = AckEvidence()
+    ready = []
+    for b in [pb, *ahead]:
+        ready += ev.push(b)
+    ready += ev.finish()
+    return ready[0][2]
 
 
 class AckEvidence:
-    """Streaming ``acked_ends``: a batch is flagged once ``WINDOW`` rows after it have been seen (or the input
-    ends). ``push`` returns the batches that became ready, oldest first, each ``(batch, extra, flags)``."""
+    """Streaming ``acked_ends``: a batch is scanned once as it comes (``ack_scan``) and flagged once ``WINDOW``
+    rows after it have been seen (or the input ends). ``push`` returns the batches that became ready, oldest
+    first, each ``(batch, extra, flags)``."""
 
     def __init__(self) -> None:
-        self._held: list[tuple[PacketBatch, Any]] = []
+        self.window = int(WINDOW)
+        self._gshift = max(4, (self.window - 1).bit_length())  # a generation: 2**gshift >= window rows
+        size = 2 << self._gshift  # a generation's table: at most half full (one key per row at most)
+        self._TK = np.zeros(2 * size, np.uint64)  # generation parity p: slots p * size to (p + 1) * size
+        self._TV = np.full(2 * size, EMPTY, np.int64)
+        self._TF = np.full(2 * size, -1, np.int64)
+        self._ST = np.zeros(1, np.int64)  # the generation of the last row scanned
+        self._FLAG = np.zeros(1 << 16, np.uint8)  # rings by row: every row not yet taken
+        self._PREV = np.zeros(1 << 16, np.int64)
+        self._rows = 0  # rows scanned
+        self._held: list[tuple[PacketBatch, Any, int]] = []  # (batch, extra, its first row)
         self._ahead = 0  # rows held after the oldest batch
 
     def push(self, pb: PacketBatch, extra: Any = None) -> list[tuple[PacketBatch, Any, np.ndarray]]:
         """Take a batch (and anything to carry along with it); return the batches now flagged."""
+        n = len(pb)
+        self._ring(self._rows + n - (self._held[0][2] if self._held else self._rows))
+        if n:
+            src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
+            dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
+            ack_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
+                     pb.tcp_ack, pb.sport, pb.dport, src, dst, np.int64(self._rows), np.int64(self.window),
+                     np.int64(self._gshift), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._ST)
         if self._held:
-            self._ahead += len(pb)
-        self._held.append((pb, extra))
+            self._ahead += n
+        self._held.append((pb, extra, self._rows))
+        self._rows += n
         ready = []
-        while len(self._held) > 1 and self._ahead >= WINDOW:
+        while len(self._held) > 1 and self._ahead >= self.window:
             ready.append(self._pop())
         return ready
 
-    def _pop(self) -> tuple[PacketBatch, Any, np.ndarray]:
-        (pb, extra), rest = self._held[0], self._held[1:]
-        ahead, rows = [], 0
-        for b, _ in rest:  # the later batches that cover WINDOW rows
-            if rows >= WINDOW:
-                break
-            ahead.append(b)
-            rows += len(b)
-        flags = acked_ends(pb, ahead)
-        self._held = rest
-        self._ahead -= len(rest[0][0]) if rest else 0
-        return pb, extra, flags
+    def _ring(self, rows: int) -> None:
+        """Room in the rings for ``rows`` rows from the oldest held one (grown, keeping every held row)."""
+        size = self._FLAG.shape[0]
+        if rows <= size:
+            return
+        new = 1 << (2 * rows - 1).bit_length()
+        first = self._held[0][2] if self._held else self._rows
+        idx = np.arange(first, self._rows, dtype=np.int64)
+        flag, prev = np.zeros(new, np.uint8), np.zeros(new, np.int64)
+        flag[idx & (new - 1)] = self._FLAG[idx & (size - 1)]
+        prev[idx & (new - 1)] = self._PREV[idx & (size - 1)]
+        self._FLAG, self._PREV = flag, prev
 
-    def pending_flow_ids(self) -> np.ndarray | None:
-        """The flow ids of the held batches (their ``extra`` is ``(flow_id, ...)``), or None."""
-        if not self._held:
-            return None
-        fid = np.concatenate([np.asarray(e[0]) for _, e in self._held])
-        return np.unique(fid[fid >= 0])
+    def _pop(self) -> tuple[PacketBatch, Any, np.ndarray]:
+        pb, extra, row0 = self._held.pop(0)
+        self._ahead -= len(self._held[0][0]) if self._held else 0
+        idx = np.arange(row0, row0 + len(pb), dtype=np.int64) & (self._FLAG.shape[0] - 1)
+        return pb, extra, self._FLAG[idx].astype(np.bool_)
+
+    def pending_from_frame(self) -> int | None:
+        """The frame number of the first row held (rows are in frame order), or None when none is held."""
+        for pb, _, _ in self._held:
+            if len(pb):
+                return int(pb.frame[0])
+        return None
 
     def finish(self) -> list[tuple[PacketBatch, Any, np.ndarray]]:
         """End of input: every held batch, flagged with what follows it."""

@@ -57,13 +57,14 @@ class GroStage:
         return SuperPacketBatch.concat(parts)
 
     def held_flow_ids(self) -> np.ndarray:
-        """Flow ids whose rows are still to come: entries the engine holds, and every flow of the batch the ACK
-        lookahead has not fed yet (the flow table must keep them: it writes a flow only when its rows are out)."""
-        held = self.engine.held_flow_ids()
-        pending = self._evidence.pending_flow_ids() if self._evidence is not None else None
-        if pending is None or not len(pending):
-            return held
-        return np.union1d(held, pending)
+        """Flow ids of the entries the engine holds (their super-packet rows are still to come; ids may repeat)."""
+        return self.engine.held_flow_ids()
+
+    def pending_from_frame(self) -> int | None:
+        """The first frame the ACK lookahead holds and has not fed to the engine yet (None: none). A flow with a
+        packet there or later still has rows to come: the flow table keeps it (it writes a flow only when its
+        rows are out)."""
+        return self._evidence.pending_from_frame() if self._evidence is not None else None
 
     def recycle(self, flow_in_memory) -> int:
         """The engine forgets the keys of flows that have ended (``CompiledGroEngine.recycle``)."""

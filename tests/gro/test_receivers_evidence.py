@@ -97,6 +97,52 @@ def test_an_ack_before_the_segment_or_in_its_own_packet_does_not_count(tmp_path)
     assert acked_ends(pb.take(np.arange(3)), pb.take(np.arange(3, 5))).tolist() == [False, False, True]
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_acked_ends_hold_the_definition_on_repeats_across_generations(seed, tmp_path):
+    """A crafted stream the kernel captures lack: three connections, segments whose ends repeat (retransmissions,
+    near and far apart), ACK numbers drawn from earlier ends and from nowhere, data in both directions. With a
+    window of 40 rows the scan's generations are 64 rows, so chains of one key cross generations; the flags
+    equal the definition (some later reverse packet within the window ACKs the end), counted here by brute
+    force over the decoded rows, for batches of 1, 13 and the whole stream."""
+    from tests.craft import eth, ipv4, tcp
+
+    rng = np.random.default_rng(seed)
+    hosts = [((10, 0, 0, 1), (10, 0, 0, 2), 40000 + c, 5201) for c in range(3)]
+    ends: list[int] = [1000]
+    pkts = []
+    for _ in range(1500):
+        src, dst, sp, dp = hosts[rng.integers(3)]
+        if rng.random() < 0.5:
+            src, dst, sp, dp = dst, src, dp, sp
+        plen = int(rng.choice([0, 0, 100, 200]))
+        seq = int(rng.choice(ends)) if rng.random() < 0.6 else int(rng.integers(0, 5000))
+        ack = int(rng.choice(ends)) if rng.random() < 0.7 else int(rng.integers(0, 5000))
+        if plen:
+            ends.append((seq + plen) % 2**32)
+            ends = ends[-30:]
+        ip = bytearray(ipv4(20 + plen))
+        ip[12:16], ip[16:20] = bytes(src), bytes(dst)
+        pkts.append(eth(0x0800) + bytes(ip) + tcp(sp, dp, seq, ack) + b"x" * plen)
+    path = write_pcap(tmp_path / "r.pcap", pkts)
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    key = list(zip(pb.sport.tolist(), pb.dport.tolist(), pb.src[:, 12:].tolist(), pb.dst[:, 12:].tolist()))
+    plen, seq, ack = pb.tcp_payload_len.tolist(), pb.tcp_seq.tolist(), pb.tcp_ack.tolist()
+    window = 40
+    want = [plen[i] > 0 and any(
+        key[j] == (key[i][1], key[i][0], key[i][3], key[i][2]) and ack[j] == (seq[i] + plen[i]) % 2**32
+        for j in range(i + 1, min(len(pb), i + window + 1))) for i in range(len(pb))]
+    assert 50 < sum(want) < len(pb) // 2
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(evidence, "WINDOW", window)
+        for batch in (1, 13, 1 << 16):
+            got = []
+            ev = AckEvidence()
+            for rb in CaptureReader(path, batch_size=batch):
+                got += [f for _, _, fl in ev.push(decode(rb)[0]) for f in fl.tolist()]
+            got += [f for _, _, fl in ev.finish() for f in fl.tolist()]
+            assert got == want, batch
+
+
 def _receivers(path: Path, batch_size: int) -> tuple[np.ndarray, list[str]]:
     rx, out = Receivers(), []
     for rb in CaptureReader(path, batch_size=batch_size):
