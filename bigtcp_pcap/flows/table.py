@@ -51,6 +51,7 @@ NR = 23
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
 
 EMPTY, TOMB = np.int64(-1), np.int64(-2)
+_I64_MAX = np.int64((1 << 63) - 1)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _SEED = np.uint64(0x6A09E667F3BCC908)
@@ -138,8 +139,9 @@ def _tab_remove(TAB, KY, s):
 # per-packet steps
 # ============================================================================================================
 @njit(cache=True, inline="always")
-def _ended(F, s, t, idle, close):
-    """Has slot s's connection ended by time t (idle, or closed and then quiet)?"""
+def _deadline(F, s, idle, close):
+    """The time after which slot s's connection has ended: its last packet (either direction) plus the idle
+    timeout, or plus the close timeout (when shorter) once it is closed (RST, or FIN both ways)."""
     last = F[s, F_TS1]
     fr = F[s, F_FINRST]
     frr = np.int64(0)
@@ -147,11 +149,14 @@ def _ended(F, s, t, idle, close):
     if r >= 0:
         last = max(last, F[r, F_TS1])
         frr = F[r, F_FINRST]
-    gap = t - last
-    if gap > idle:
-        return True
     closed = ((fr | frr) & 2) != 0 or ((fr & 1) != 0 and (frr & 1) != 0)
-    return closed and gap > close
+    return last + (min(idle, close) if closed else idle)
+
+
+@njit(cache=True, inline="always")
+def _ended(F, s, t, idle, close):
+    """Has slot s's connection ended by time t (idle, or closed and then quiet)?"""
+    return t > _deadline(F, s, idle, close)
 
 
 @njit(cache=True, inline="always")
@@ -491,18 +496,21 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
 
 
 @njit(cache=True, entry=True,
-      sig=("i64, bool, i64[::1], i64, i64[::1], i64[:, ::1], u64[:, ::1], i64[::1], u64[::1], i64[::1], u64[::1], "
-          "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[:, "
-          "::1], u64[:, ::1]"))
-def expire_kernel(now, everything, held, hold_from, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, WL,
-                  WC, R, RK):
+      sig=("i64, bool, bool, i64[::1], i64, i64[::1], i64[:, ::1], u64[:, ::1], i64[::1], u64[::1], i64[::1], "
+           "u64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
+           "i64[:, ::1], u64[:, ::1]"))
+def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST,
+                  WL, WC, R, RK):
     """Write the rows of ended flows into R / RK (keys) and free their state; returns the number of rows.
 
     Ended: retired during the batch (ZL), or alive and ended by ``now``; ``everything``: every flow (end of the
     capture). Flows whose id is in ``held`` (GRO entries still held), and flows with a packet at frame
-    ``hold_from`` or later (rows a later stage has not fed yet), wait for a later call."""
+    ``hold_from`` or later (rows a later stage has not fed yet), wait for a later call. With ``full`` every slot
+    is judged and ``TO[2]`` becomes the earliest deadline of the flows left alive; without, only the retired
+    ones are (the caller knows no alive flow's deadline has passed: ``FlowTable.expire``)."""
     idle = TO[0]
     close = TO[1]
+    cap = F.shape[0]
     for i in range(held.shape[0]):
         fk = np.uint64(held[i])
         j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
@@ -510,13 +518,24 @@ def expire_kernel(now, everything, held, hold_from, TO, F, KY, TAB, FK, FV, HK, 
             F[FV[j], F_HOLD] = 1
     # mark first, free after: both directions of a connection are judged on the same facts
     k = 0
-    for s in range(F.shape[0]):
-        st = F[s, F_STATE]
-        if st == FREE or F[s, F_HOLD] or F[s, F_LASTFRAME] >= hold_from:
-            continue
-        if st == ZOMBIE or everything or _ended(F, s, now, idle, close):
-            ZL[k] = s
-            k += 1
+    nheld = 0  # without full: the held zombies, kept at ZL[cap:]
+    if full:
+        for s in range(cap):
+            st = F[s, F_STATE]
+            if st == FREE or F[s, F_HOLD] or F[s, F_LASTFRAME] >= hold_from:
+                continue
+            if st == ZOMBIE or everything or _ended(F, s, now, idle, close):
+                ZL[k] = s
+                k += 1
+    else:
+        for q in range(ST[S_NZOMB]):
+            s = ZL[q]
+            if F[s, F_HOLD] or F[s, F_LASTFRAME] >= hold_from:
+                ZL[cap + nheld] = s
+                nheld += 1
+            else:
+                ZL[k] = s  # (k <= q: the list is compacted in place)
+                k += 1
     rows = 0
     for q in range(k):
         s = ZL[q]
@@ -562,14 +581,30 @@ def expire_kernel(now, everything, held, hold_from, TO, F, KY, TAB, FK, FV, HK, 
         F[s, F_STATE] = FREE
         FREE_[ST[S_FREE_TOP]] = s
         ST[S_FREE_TOP] += 1
-    # zombies that were held: list them again
+    # zombies that were held: list them again; the earliest deadline of the flows left alive
     nz2 = 0
-    for s in range(F.shape[0]):
-        if F[s, F_STATE] == ZOMBIE:
-            ZL[nz2] = s
-            nz2 += 1
-        if F[s, F_HOLD] == 1:
+    if full:
+        dmin = np.int64(_I64_MAX)
+        for s in range(cap):
+            st = F[s, F_STATE]
+            if st == ZOMBIE:
+                ZL[nz2] = s
+                nz2 += 1
+            elif st == ALIVE:
+                d = _deadline(F, s, idle, close)
+                if d < dmin:  # noqa: PLR1730 - no store in the common case
+                    dmin = d
             F[s, F_HOLD] = 0
+        TO[2] = dmin
+    else:
+        for q in range(nheld):
+            ZL[q] = ZL[cap + q]
+        nz2 = nheld
+        for i in range(held.shape[0]):
+            fk = np.uint64(held[i])
+            j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+            if j >= 0:
+                F[FV[j], F_HOLD] = 0
     ST[S_NZOMB] = nz2
     return rows
 
@@ -650,7 +685,9 @@ class FlowTable:
             raise ValueError("flow timeouts must be > 0 ns")
         self.idle_timeout_ns = int(idle_timeout_ns)
         self.close_timeout_ns = int(close_timeout_ns)
-        self._TO = np.array([self.idle_timeout_ns, self.close_timeout_ns], np.int64)
+        # idle and close timeouts, and (TO[2]) the earliest deadline of the flows alive at the last full judging
+        self._TO = np.array([self.idle_timeout_ns, self.close_timeout_ns, -1], np.int64)
+        self._tmin = None  # the earliest packet time since then (None: none)
         self.ST = np.zeros(NST, np.int64)
         self.F = np.zeros((0, NF), np.int64)
         self.KY = np.zeros((0, NKY), np.uint64)
@@ -746,6 +783,9 @@ class FlowTable:
         column updated. Ids are given in order of first appearance."""
         n = len(pb)
         fid = np.empty(n, np.int64)
+        if n:
+            t = int(pb.ts_ns.min())
+            self._tmin = t if self._tmin is None else min(self._tmin, t)
         tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
         src = np.ascontiguousarray(pb.src).view(np.uint64)  # (n, 2) words
         dst = np.ascontiguousarray(pb.dst).view(np.uint64)
@@ -811,7 +851,16 @@ class FlowTable:
             self._RK = np.zeros((cap, 5), np.uint64)
         held = np.zeros(0, np.int64) if held_flow_ids is None else np.ascontiguousarray(held_flow_ids, np.int64)
         hold_from = np.int64(np.iinfo(np.int64).max if hold_from_frame is None else hold_from_frame)
-        k = expire_kernel(np.int64(now_ns), everything, held, hold_from, self._TO, self.F, self.KY, self.TAB, self.FK,
+        # Every alive slot is judged only when one may have ended: after the earliest deadline of the last full
+        # judging, or of a packet since (its flow's deadline is at least its time plus the shorter timeout;
+        # packet times may go backwards). Otherwise only the retired flows are written (no pass over every slot).
+        soon = int(self._TO[2])
+        if self._tmin is not None:
+            soon = min(soon, self._tmin + min(self.idle_timeout_ns, self.close_timeout_ns))
+        full = everything or soon < 0 or now_ns > soon
+        if full:
+            self._tmin = None
+        k = expire_kernel(np.int64(now_ns), everything, full, held, hold_from, self._TO, self.F, self.KY, self.TAB, self.FK,
                           self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE, self.ZL, self.ST,
                           self._WL, self._WC, self._R, self._RK)
         if not k:

@@ -134,3 +134,70 @@ def test_room_for_new_flows_made_in_steps_changes_nothing(many_flows, monkeypatc
         np.testing.assert_array_equal(a, b)
     for a, b in zip(got_rows, want_rows, strict=True):
         pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize("close_ms", [50, 2000])
+def test_skipping_the_pass_over_every_slot_changes_no_row(many_flows, close_ms, monkeypatch):
+    """``expire`` judges every alive slot only when a deadline may have passed (the earliest one of the last full
+    pass, or a packet's time since plus the shorter timeout). Against a table forced to judge every slot at
+    every call: the same rows in the same calls, with timestamps that sometimes go backwards, GRO-held flows
+    and a lookahead that holds the last rows; and the pass was really skipped."""
+    from bigtcp_pcap.flows import table
+
+    fulls = []
+    kernel = table.expire_kernel
+
+    def spy(*a):
+        fulls.append(a[2])
+        return kernel(*a)
+
+    monkeypatch.setattr(table, "expire_kernel", spy)
+
+    def run(force: bool) -> list:
+        rng = np.random.default_rng(close_ms)
+        ft, out = FlowTable(close_timeout_ns=close_ms * 1_000_000), []
+        for k, (pb, _) in enumerate(iter_batches(many_flows, batch_size=700)):
+            if k % 5 == 3:  # a batch stamped 30 ms earlier than it is (a capture's clock steps back)
+                pb.ts_ns[:] -= 30_000_000
+            fid = ft.assign(pb)
+            if force:
+                ft._TO[2] = -1
+            held = fid[rng.integers(0, len(fid), 3)] if k % 2 else np.zeros(0, np.int64)
+            r = ft.expire(int(pb.ts_ns.max()), held, hold_from_frame=int(pb.frame[-50]))
+            out.append(None if r is None else pd.DataFrame({c: list(v) for c, v in r.items()}))
+        out.append(pd.DataFrame({c: list(v) for c, v in ft.expire(0, everything=True).items()}))
+        return out
+
+    want = run(True)
+    assert all(fulls)
+    fulls.clear()
+    got = run(False)
+    assert fulls.count(False) > 3 and sum(len(r) for r in want if r is not None) > 1000
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            pd.testing.assert_frame_equal(a, b)
+
+
+def test_a_flow_that_starts_after_the_full_pass_and_closes_ends_on_time(tmp_path):
+    """The case the packets' own times cover: every flow alive at the last full pass is open (deadline: idle
+    timeout, far away), then a new connection opens, is reset and falls silent. Its row must come at the first
+    call after its close timeout, as a pass over every slot finds it, not at the open flow's deadline."""
+    from tests.craft import eth, ipv4, tcp
+    from tests.oracle import write_pcap
+
+    def frame(sport, flags=0x10):
+        return eth(0x0800) + ipv4(20) + tcp(sport, 5201, 1000, 1, flags)
+
+    times = [k * 100_000 for k in range(80)]  # the long connection: a packet every 100 ms for 8 s
+    pkts = [frame(40000) for _ in times]
+    pkts[11:11] = [frame(40001, 0x02), frame(40001, 0x04)]  # a connection at 1.05 s, reset at 1.06 s
+    times[11:11] = [1_050_000, 1_060_000]
+    path = write_pcap(tmp_path / "c.pcap", pkts, times_us=times)
+    ft, ended_at = FlowTable(close_timeout_ns=2_000_000_000), {}
+    for pb, _ in iter_batches(path, batch_size=1):
+        ft.assign(pb)
+        r = ft.expire(int(pb.ts_ns.max()))
+        for sport in [] if r is None else r["sport"].tolist():
+            ended_at[sport] = int(pb.ts_ns.max()) // 1000 - 1_700_000_000_000_000
+    assert ended_at == {40001: 3_100_000}  # the first packet more than 2 s after the reset at 1.06 s
