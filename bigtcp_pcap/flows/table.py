@@ -495,6 +495,16 @@ def _hist_final(F, s, kind, headcol, HK, HV, EL, EC, EN, ST, WL, WC):
     return p50, p99, WL[n - 1], total
 
 
+@njit(cache=True, inline="always")
+def _set_hold(F, FK, FV, held, value):
+    """F_HOLD of the slots of the flow ids ``held`` (ids no longer in the table are skipped)."""
+    for i in range(held.shape[0]):
+        fk = np.uint64(held[i])
+        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+        if j >= 0:
+            F[FV[j], F_HOLD] = value
+
+
 @njit(cache=True, entry=True,
       sig=("i64, bool, bool, i64[::1], i64, i64[::1], i64[:, ::1], u64[:, ::1], i64[::1], u64[::1], i64[::1], "
            "u64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
@@ -511,11 +521,7 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
     idle = TO[0]
     close = TO[1]
     cap = F.shape[0]
-    for i in range(held.shape[0]):
-        fk = np.uint64(held[i])
-        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
-        if j >= 0:
-            F[FV[j], F_HOLD] = 1
+    _set_hold(F, FK, FV, held, 1)
     # mark first, free after: both directions of a connection are judged on the same facts
     k = 0
     nheld = 0  # without full: the held zombies, kept at ZL[cap:]
@@ -600,11 +606,7 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
         for q in range(nheld):
             ZL[q] = ZL[cap + q]
         nz2 = nheld
-        for i in range(held.shape[0]):
-            fk = np.uint64(held[i])
-            j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
-            if j >= 0:
-                F[FV[j], F_HOLD] = 0
+        _set_hold(F, FK, FV, held, 0)
     ST[S_NZOMB] = nz2
     return rows
 
@@ -860,9 +862,9 @@ class FlowTable:
         full = everything or soon < 0 or now_ns > soon
         if full:
             self._tmin = None
-        k = expire_kernel(np.int64(now_ns), everything, full, held, hold_from, self._TO, self.F, self.KY, self.TAB, self.FK,
-                          self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE, self.ZL, self.ST,
-                          self._WL, self._WC, self._R, self._RK)
+        k = expire_kernel(np.int64(now_ns), everything, full, held, hold_from, self._TO, self.F, self.KY,
+                          self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.FREE,
+                          self.ZL, self.ST, self._WL, self._WC, self._R, self._RK)
         if not k:
             return None
         order = np.argsort(self._R[:k, R_FID], kind="stable")

@@ -161,7 +161,7 @@ class AckEvidence:
     def push(self, pb: PacketBatch, extra: Any = None) -> list[tuple[PacketBatch, Any, np.ndarray]]:
         """Take a batch (and anything to carry along with it); return the batches now flagged."""
         n = len(pb)
-        self._ring(self._rows + n - (self._held[0][2] if self._held else self._rows))
+        self._ring(n)
         if n:
             src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
             dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
@@ -177,13 +177,14 @@ class AckEvidence:
             ready.append(self._pop())
         return ready
 
-    def _ring(self, rows: int) -> None:
-        """Room in the rings for ``rows`` rows from the oldest held one (grown, keeping every held row)."""
+    def _ring(self, more: int) -> None:
+        """Room in the rings for every held row and ``more`` new ones (grown, keeping the held rows)."""
         size = self._FLAG.shape[0]
+        first = self._held[0][2] if self._held else self._rows
+        rows = self._rows + more - first
         if rows <= size:
             return
         new = 1 << (2 * rows - 1).bit_length()
-        first = self._held[0][2] if self._held else self._rows
         idx = np.arange(first, self._rows, dtype=np.int64)
         flag, prev = np.zeros(new, np.uint8), np.zeros(new, np.int64)
         flag[idx & (new - 1)] = self._FLAG[idx & (size - 1)]
