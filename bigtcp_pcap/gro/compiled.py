@@ -48,12 +48,14 @@ from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
-from .engine import GroEngine, _poll_marks, _receivers
+from .engine import GroEngine, _busy_times, _poll_marks, _receivers
 from .prepare import FRAGMENT_OTHER, KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
 from .rules import (
+    BUSY_SLACK_NS,
     M32,
     MERGE,
     acked_end_ends_poll,
+    busy_poll_continues,
     merge_verdict,
     nic_window_closed,
     r2_gso_segs,
@@ -91,8 +93,8 @@ G_FIDL = 35  # flow id of the key's last packet (recycle: the key's state goes w
 G_FBL = 36  # rules.r2_fallback_limit of the key (static: fallback_mtu and its IP version)
 NSF = 37
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
-Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN = range(11)
-NQF = 11
+Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN, Q_BUSY = range(12)
+NQF = 12
 # --- per-(queue, bucket) row of _B ----------------------------------------------------------------------------
 B_HEAD, B_TAIL, B_LEN = range(3)
 # --- config vector _C ------------------------------------------------------------------------------------------
@@ -102,6 +104,7 @@ NCF = 18
 
 _OUT_TYPES = tuple(COLUMN_TYPES.values())
 _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts polls
+_NO_BUSY = np.zeros(0, np.int64)  # feed without busy evidence
 _NO_NEXT = np.zeros(0, np.int64)
 
 
@@ -227,6 +230,7 @@ def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
     Q[q, Q_N] = 0
     Q[q, Q_HASLAST] = 0
     Q[q, Q_WN] = 0
+    Q[q, Q_BUSY] = 0
 
 
 @njit(cache=True)
@@ -243,7 +247,8 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
             Q[q, Q_CAUSE] = R.PE_TIMER
             _complete_poll(S, Q, B, C, O, K, q, dl, Q[q, Q_N])
             continue
-        if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark):
+        if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark) \
+                and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
             Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
             _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
             continue
@@ -285,14 +290,14 @@ def _would_merge(S, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, p
 @njit(cache=True, entry=True,
       sig=("(i8[::1], i64[::1], b1[::1], i64[::1], i64[::1], u32[::1], u16[::1], u32[::1], u32[::1], "
           "u64[::1], u16[::1], u64[::1], i64[::1], u16[::1], i64[::1], u8[::1], u16[::1], u8[::1], "
-          "u16[::1], u16[::1], u32[::1], u32[::1], u8[::1]), i64[::1], i64[::1], u8[::1], u8[::1], "
+          "u16[::1], u16[::1], u32[::1], u32[::1], u8[::1]), i64[::1], i64[::1], u8[::1], u8[::1], i64[::1], "
           "i64[::1], i64[:, ::1], i64[::1], i64[:, ::1], i64[:, :, ::1], i64[::1], i64[:, ::1], i64[::1]"))
-def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
+def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
     """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs).
 
     ps: uint8 poll-start mark per packet, or empty (no marks: the gap rule cuts polls). ak: uint8 "the other side
-    ACKed this segment's end" per packet, or empty (no evidence); nxt: the next row of the same flow key
-    (-1: none in this batch)."""
+    ACKed this segment's end" per packet, or empty (no evidence); bz: int64 busy time per packet
+    (evidence.busy_scan, 0: none), or empty; nxt: the next row of the same flow key (-1: none in this batch)."""
     (kind, ts, fm_a, fwm_a, l3w_a, pl_a, fl_a, seq_a, ack_a, opt_a, ipid_a, frame_a, fid_a, l2_a, hdr_a, thl_a,
      tmss_a, ver_a, sport_a, dport_a, iplen_a, wire_a, big_a) = I
     n = kind.shape[0]
@@ -309,6 +314,7 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
     lim6 = C[C_LIM6]
     marks = ps.shape[0] > 0
     evidence = ak.shape[0] > 0
+    busy = bz.shape[0] > 0
     nq = C[C_NQ]
     nic = C[C_RXU] > 0 or C[C_RXF] > 0
     for i in range(n):
@@ -320,15 +326,19 @@ def _run(I, gids, qrow, ps, ak, nxt, S, D, Q, B, C, O, K):
         if tmo:
             now = _timers(S, Q, B, C, O, K, q, t, marks, mark)
         else:
-            if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark):
+            if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark) \
+                    and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
                 Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             elif nic and nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
                 Q[q, Q_CAUSE] = R.PE_COALESCE
                 _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
-        Q[q, Q_LAST] = t
+        if Q[q, Q_HASLAST] == 0 or t > Q[q, Q_LAST]:  # the poll's clock: a late segment fed out of capture order
+            Q[q, Q_LAST] = t  # (or a capture clock that steps back) does not move it back
         Q[q, Q_HASLAST] = 1
+        if busy and bz[i] > Q[q, Q_BUSY]:
+            Q[q, Q_BUSY] = bz[i]
         if nic:
             if Q[q, Q_WN] == 0:  # this packet found NAPI idle: it opens the NIC's coalescing window
                 Q[q, Q_WS] = t
@@ -476,6 +486,7 @@ def _flush_end(S, Q, B, C, O, K, nq):
         Q[q, Q_HASLAST] = 0
         Q[q, Q_WN] = 0
         Q[q, Q_N] = 0
+        Q[q, Q_BUSY] = 0
         Q[q, Q_HASDL] = 0
         Q[q, Q_MASKED] = 0
         Q[q, Q_DEFER] = 0
@@ -761,18 +772,21 @@ class CompiledGroEngine:
 
     # --- public API ---------------------------------------------------------------------------------------
     def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None,
-             acked: np.ndarray | None = None, receiver: np.ndarray | None = None) -> SuperPacketBatch:
+             acked: np.ndarray | None = None, receiver: np.ndarray | None = None,
+             busy: np.ndarray | None = None) -> SuperPacketBatch:
         """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
 
-        ``poll_start``, ``acked``, ``receiver``: optional, one entry per packet (see ``GroEngine.feed``)."""
+        ``poll_start``, ``acked``, ``receiver``, ``busy``: optional, one entry per packet (see
+        ``GroEngine.feed``)."""
         if self._ref is not None:
-            return self._ref.feed(batch, flow_id, poll_start, acked, receiver)
+            return self._ref.feed(batch, flow_id, poll_start, acked, receiver, busy)
         flow_id = np.asarray(flow_id)
         if flow_id.shape != (len(batch),):
             raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
         marks = _poll_marks(poll_start, len(batch))
         ps = _NO_MARKS if marks is None else marks
         ak = _poll_marks(acked, len(batch)) if acked is not None else _NO_MARKS
+        bz = _busy_times(busy, len(batch)) if busy is not None and marks is None else _NO_BUSY
         rx = _receivers(receiver, batch)
         n = len(batch)
         if not n:
@@ -790,7 +804,7 @@ class CompiledGroEngine:
         O = self._out(n + self.held)
         self._K[0] = 0
         nxt = next_same_compiled(gids) if len(ak) else _NO_NEXT
-        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, nxt, self._S, self._D, self._Q, self._B, self._C, O,
+        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, bz, nxt, self._S, self._D, self._Q, self._B, self._C, O,
              self._K)
         return self._take(O)
 

@@ -70,7 +70,7 @@ r17_goes_alone, r17_alone_reason = _py.r17_goes_alone, _py.r17_alone_reason
 r20_completed, r20_observed = _py.r20_completed, _py.r20_observed
 r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = _py.r21_4_jiffy, _py.r21_2_poll_ended, _py.r21_5_poll_end
 r21_3_budget_used = _py.r21_3_budget_used
-acked_end_ends_poll = _py.acked_end_ends_poll
+acked_end_ends_poll, busy_poll_continues = _py.acked_end_ends_poll, _py.busy_poll_continues
 nic_window_closed = _py.nic_window_closed
 
 
@@ -132,6 +132,7 @@ class GroEngine:
         self._qcause: list[int] = []  # what ends the poll being completed (reasons.PE_*)
         self._qws: list[int] = []  # NIC coalescing: arrival of the packet that opened the IRQ window
         self._qwn: list[int] = []  # packets since then (0: no window open)
+        self._qbusy: list[int] = []  # latest busy time (evidence.busy_scan) of the running poll's packets
         self._rxu = cfg.rx_usecs * 1000
         self._ensure_queues(cfg.rx_queues)
         # per flow key (gid)
@@ -151,7 +152,8 @@ class GroEngine:
 
     # --- public API ---------------------------------------------------------------------------------------
     def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None,
-             acked: np.ndarray | None = None, receiver: np.ndarray | None = None) -> SuperPacketBatch:
+             acked: np.ndarray | None = None, receiver: np.ndarray | None = None,
+             busy: np.ndarray | None = None) -> SuperPacketBatch:
         """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
 
         ``poll_start`` (optional, one bool per packet): known NAPI poll boundaries, e.g. from the kernel's
@@ -163,18 +165,23 @@ class GroEngine:
         segment's end; when no rule completed its super-packet, the poll ends after it (rules.acked_end_ends_poll).
 
         ``receiver`` (optional, one int per packet, ``receivers.Receivers``): the receiving host, each with its
-        own NAPI instances (``rx_queues`` of them) and GRO tables; default: the capture interface."""
+        own NAPI instances (``rx_queues`` of them) and GRO tables; default: the capture interface.
+
+        ``busy`` (optional, int64 ns per packet, ``evidence.AckEvidence``; 0 = none): an ACK sent at that time did
+        not yet cover this segment; while a packet of the running poll has one later than the next packet's
+        arrival, an idle gap does not end the poll (rules.busy_poll_continues). Not used with ``poll_start``."""
         flow_id = np.asarray(flow_id)
         n = len(batch)
         if flow_id.shape != (n,):
             raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {n} packets")
         marks = _poll_marks(poll_start, n)
         ak = _poll_marks(acked, n) if acked is not None else None
+        bz = _busy_times(busy, n) if busy is not None and marks is None else None
         rx = _receivers(receiver, batch)
         if n:
             prep = prepare(batch, flow_id, self.config)
             gids = self._assign_gids(batch, prep, rx)
-            self._run(batch, flow_id, prep, gids, marks, ak, rx)
+            self._run(batch, flow_id, prep, gids, marks, ak, rx, bz)
         return self._take()
 
     def flush(self) -> SuperPacketBatch:
@@ -186,6 +193,7 @@ class GroEngine:
             self._qlast[q] = None
             self._qwn[q] = 0
             self._qn[q] = 0
+            self._qbusy[q] = 0
             self._qdeadline[q] = None
             self._qmasked[q] = False
             self._qdefer[q] = 0
@@ -223,6 +231,7 @@ class GroEngine:
             self._qcause.append(R.PE_NONE)
             self._qws.append(0)
             self._qwn.append(0)
+            self._qbusy.append(0)
 
     def _queue_rows(self, prep: Prepared, rx: np.ndarray) -> np.ndarray:
         """RX queue per packet: per receiver, (flow hash >> 32) % rx_queues (RSS stand-in)."""
@@ -290,7 +299,7 @@ class GroEngine:
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _run(self, b: PacketBatch, flow_id: np.ndarray, p: Prepared, gids: list[int],
-             marks: np.ndarray | None, acked: np.ndarray | None, rx: np.ndarray) -> None:
+             marks: np.ndarray | None, acked: np.ndarray | None, rx: np.ndarray, busy: np.ndarray | None) -> None:
         cfg = self.config
         n = len(b)
         kind = p.kind.tolist()
@@ -315,6 +324,9 @@ class GroEngine:
         hdrlen = p.hdr_len.tolist()
         ps = marks.tolist() if marks is not None else None
         ak = acked.tolist() if acked is not None else None
+        bz = busy.tolist() if busy is not None else None
+        qbusy = self._qbusy
+        slack = rules.BUSY_SLACK_NS
         nxt = next_same(np.asarray(gids)).tolist() if acked is not None else None
         qcause = self._qcause
         qws, qwn, rxu, rxf = self._qws, self._qwn, self._rxu, cfg.rx_frames
@@ -352,14 +364,18 @@ class GroEngine:
                 now = self._timers(q, t, None if ps is None else ps[i])
             else:
                 last = qlast[q]
-                if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i]):
+                if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i]) \
+                        and not busy_poll_continues(qbusy[q], t, slack):
                     qcause[q] = R.PE_GAP if ps is None else R.PE_TRACE
                     self._complete_poll(q, last, qn[q])
                 elif nic_window_closed(qwn[q], t, qws[q], rxu, rxf):
                     qcause[q] = R.PE_COALESCE
                     self._complete_poll(q, last, qn[q])
                 now = t
-            qlast[q] = t
+            if qlast[q] is None or t > qlast[q]:  # the poll's clock does not go back (a late segment fed out of
+                qlast[q] = t  # capture order, a capture clock that steps back)
+            if bz is not None and bz[i] > qbusy[q]:
+                qbusy[q] = bz[i]
             if not qwn[q]:  # this packet found NAPI idle: it opens the NIC's coalescing window
                 qws[q] = t
             qwn[q] += 1
@@ -515,6 +531,7 @@ class GroEngine:
         self._qn[q] = 0
         self._qlast[q] = None
         self._qwn[q] = 0
+        self._qbusy[q] = 0
 
     def _timers(self, q: int, t: int, mark: bool | None = None) -> int:
         """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
@@ -530,7 +547,8 @@ class GroEngine:
                 self._complete_poll(q, dl, self._qn[q])
                 continue
             last = self._qlast[q]
-            if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark):
+            if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark) \
+                    and not busy_poll_continues(self._qbusy[q], t, rules.BUSY_SLACK_NS):
                 self._qcause[q] = R.PE_GAP if mark is None else R.PE_TRACE
                 self._complete_poll(q, last, self._qn[q])
                 continue
@@ -586,6 +604,14 @@ def _receivers(receiver: np.ndarray | None, batch: PacketBatch) -> np.ndarray:
     if rx.shape != (len(batch),) or (rx.size and rx.min() < 0):
         raise ValueError(f"receiver must have one index >= 0 per packet: shape {rx.shape}, {len(batch)} packets")
     return rx.astype(np.int64, copy=False)
+
+
+def _busy_times(busy: np.ndarray, n: int) -> np.ndarray:
+    """``feed``'s busy column as int64 ns; ValueError unless one entry per packet."""
+    bz = np.asarray(busy)
+    if bz.shape != (n,):
+        raise ValueError(f"busy must have one entry per packet: shape {bz.shape}, {n} packets")
+    return bz.astype(np.int64, copy=False)
 
 
 def _poll_marks(poll_start: np.ndarray | None, n: int) -> np.ndarray | None:

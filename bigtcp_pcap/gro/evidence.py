@@ -12,11 +12,22 @@ completes are marked ``poll_end = ack`` (evidenced) instead of ``gap`` (guessed)
 that many later rows (or the end of the capture) have been seen, since the ACK for a segment near the end of
 a batch comes in a later one. Only ACKs that follow the segment, by at most ``WINDOW`` rows, count (an older ACK
 with the same number, before a retransmission, says nothing about this copy), so the flags do not depend on
-where batches begin. Sans-IO: batches in, flagged batches out, the window held.
+where batches begin.
+
+The same ACK stream shows when the receiver was still busy: an ACK that does not yet cover a data segment, sent
+after the next packet of the receiver's queue had arrived, means the stack had not been handed that segment
+then, so the NAPI poll that took it was still running and an idle gap before the next packet did not end it
+(``rules.busy_poll_continues``). ``busy_scan`` gives each data segment the time of the latest such ACK
+(``busy``: 0 when none): ACKs of the reverse direction that advance the acknowledged number, carry no SACK
+block (a SACK or duplicate ACK says a segment is missing, not that the receiver is busy), come at most
+``WINDOW`` rows and ``BUSY_MAX_NS`` after the segment and do not cover its end. Retransmitted or reordered
+segments (an end not after the flow's last one) get none. Sans-IO: batches in, flagged batches out, the
+window held.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -118,12 +129,174 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
                     absent = _NO_KEY
     ST[0] = gen
 
+@njit(cache=True, inline="always")
+def _seq_after(a, b):
+    """a comes after b in 32-bit sequence space (RFC 1982 style: a != b and a - b < 2**31)."""
+    d = (a - b) & np.int64(0xFFFFFFFF)
+    return d != 0 and d < np.int64(0x80000000)
+
+
+@njit(cache=True, inline="always")
+def _conn(CK, CU, CS, k, here, other, tmask, insert):
+    """Slot of direction key ``k`` in this generation's table (at ``here``), moved over from the previous
+    generation's (at ``other``) when only that one has it, or a new one (``insert``); -1 when absent."""
+    j = np.int64(k & np.uint64(tmask))
+    while CU[here + j] != 0:
+        if CK[here + j] == k:
+            return here + j
+        j = (j + 1) & tmask
+    slot = here + j
+    o = np.int64(k & np.uint64(tmask))
+    while CU[other + o] != 0:
+        if CK[other + o] == k:
+            CK[slot], CU[slot] = k, 1
+            for c in range(CS.shape[1]):
+                CS[slot, c] = CS[other + o, c]
+            return slot
+        o = (o + 1) & tmask
+    if not insert:
+        return -1
+    CK[slot], CU[slot] = k, 1
+    for c in range(CS.shape[1]):
+        CS[slot, c] = -1
+    return slot
+
+
+# busy_scan's per-direction state (columns of CS): the waiting segments' first and last row, the last
+# acknowledgment number taken, the last segment taken (its end and row), the waiting segment a SACK said is
+# missing (its row, -1: none)
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_HOLE = range(6)
+
+
+@njit(cache=True, inline="always")
+def _expire(CS, NXT, e, r, window, rmask):
+    """Forget the direction's waiting segments more than ``window`` rows before row r."""
+    if CS[e, CS_TAIL] >= 0 and r - CS[e, CS_TAIL] > window:
+        CS[e, CS_HEAD] = -1
+        CS[e, CS_TAIL] = -1
+    h = CS[e, CS_HEAD]
+    while h >= 0 and r - h > window:
+        h = NXT[h & rmask]
+    CS[e, CS_HEAD] = h
+    if h < 0:
+        CS[e, CS_TAIL] = -1
+
+
+@njit(cache=True, entry=True,
+      sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
+           "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], u8[::1], i64[:, ::1], "
+           "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]"))
+def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
+              gshift, max_ns, CK, CU, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST):
+    """One forward pass over a batch (first row ``row0``): the ``busy`` time of every data segment (module doc).
+
+    Per flow direction (digested as ``ack_scan`` does; tables by generation parity, at most half full, a key
+    moved to the current generation's table when it is used; state CS): the segments not yet covered by an
+    ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
+    no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the
+    rest to its own time (any ACK that advances drops the covered ones). A segment is taken only when its end is
+    after the last taken one's (that one at most ``window`` rows back).
+
+    Late segments (``move``): an ACK whose number is the first waiting segment's start and whose first SACK
+    block begins at that segment's end says the data right after the segment reached the receiver and the
+    segment did not (a D-SACK, reporting a duplicate below the number, does not). When an ACK then covers it, at most
+    ``window`` rows and ``max_ns`` later, with no copy of it sent in between (a retransmission: lost, not
+    late), the segment reached the stack after the data up to that ACK's number: MOVE of its row is the
+    last segment ending there. Rings by row: NXT, END (segment end), SEQR (its start), TSR (its time), BUSY,
+    MOVE."""
+    rmask = np.int64(BUSY.shape[0] - 1)
+    size = np.int64(CK.shape[0] >> 1)
+    tmask = size - 1
+    gen = ST[0]
+    pv = np.uint8(0)
+    ps0 = ps1 = pd0 = pd1 = np.uint64(0)
+    psp = pdp = np.uint16(0)
+    fwd = rev = np.uint64(0)
+    for i in range(ver.shape[0]):
+        r = row0 + i
+        BUSY[r & rmask] = 0
+        MOVE[r & rmask] = -1
+        g = r >> gshift
+        if g != gen:  # a new generation: its table held the one two back
+            base = (g & 1) * size
+            for j in range(base, base + size):
+                CU[j] = 0
+            gen = g
+        v = ver[i]
+        if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
+            continue
+        s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
+        if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
+            vw = np.uint64(v) << np.uint64(32)
+            fwd = _digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1)
+            rev = _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1)
+            pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
+        here = (g & 1) * size
+        if flags[i] & TH_ACK:
+            e = _conn(CK, CU, CS, rev, here, size - here, tmask, False)
+            if e >= 0:
+                a = np.int64(ack[i])
+                t = ts[i]
+                _expire(CS, NXT, e, r, window, rmask)
+                hp = CS[e, CS_HOLE]
+                if hp >= 0 and (r - hp > window or t - TSR[hp & rmask] > max_ns):
+                    hp = -1  # the hole was not filled in time: no move
+                if CS[e, CS_ACK] < 0 or _seq_after(a, CS[e, CS_ACK]):
+                    CS[e, CS_ACK] = a
+                    h = CS[e, CS_HEAD]
+                    last = np.int64(-1)  # the last covered segment ending exactly at a
+                    while h >= 0 and not _seq_after(END[h & rmask], a):
+                        if END[h & rmask] == a:
+                            last = h
+                        h = NXT[h & rmask]
+                    if hp >= 0 and not _seq_after(END[hp & rmask], a):  # the missing segment came: ACKed now
+                        if last > hp:
+                            MOVE[hp & rmask] = last
+                        hp = -1
+                    if sack[i] == 0:
+                        while h >= 0 and t - TSR[h & rmask] > max_ns:
+                            h = NXT[h & rmask]  # too old for this and every later ACK
+                    CS[e, CS_HEAD] = h
+                    if h < 0:
+                        CS[e, CS_TAIL] = -1
+                    if sack[i] == 0:
+                        while h >= 0:
+                            BUSY[h & rmask] = t
+                            h = NXT[h & rmask]
+                h = CS[e, CS_HEAD]
+                if sack[i] != 0 and hp < 0 and h >= 0 and SEQR[h & rmask] == a and np.int64(sackl[i]) == END[h & rmask]:
+                    hp = h  # SACK: the data right after the first waiting segment came, that segment did not
+                CS[e, CS_HOLE] = hp
+        if plen[i] > 0:
+            e = _conn(CK, CU, CS, fwd, here, size - here, tmask, True)
+            _expire(CS, NXT, e, r, window, rmask)
+            if CS[e, CS_HOLE] >= 0 and np.int64(seq[i]) == SEQR[CS[e, CS_HOLE] & rmask]:
+                CS[e, CS_HOLE] = -1  # sent again: lost (or thought lost), not late
+            end = (np.int64(seq[i]) + np.int64(plen[i])) & np.int64(0xFFFFFFFF)
+            if CS[e, CS_ROW] < 0 or r - CS[e, CS_ROW] > window or _seq_after(end, CS[e, CS_END]):
+                CS[e, CS_END] = end  # retransmitted and reordered segments are not taken: no evidence
+                CS[e, CS_ROW] = r
+                NXT[r & rmask] = -1
+                END[r & rmask] = end
+                SEQR[r & rmask] = seq[i]
+                TSR[r & rmask] = ts[i]
+                tl = CS[e, CS_TAIL]
+                if tl >= 0:
+                    NXT[tl & rmask] = r
+                else:
+                    CS[e, CS_HEAD] = r
+                CS[e, CS_TAIL] = r
+    ST[0] = gen
 
 # How far after a segment its ACK may come and still count: a number of packets, not "the next batch", so the
 # flags do not depend on where batches happen to begin (they begin elsewhere in each part of a split run, and
 # wherever a read buffer ends). A delayed ACK comes within 40-200 ms; 65536 packets is more than that on a
 # single flow at 10 Gbit/s of MSS segments.
 WINDOW = 65536
+
+BUSY_MAX_NS = 10_000_000
+"""The latest an ACK may come after a segment and still count as busy evidence for it (10 ms: a receive backlog
+far longer than any seen; below the 200 ms idle gap a split run cuts at, so parts see the same evidence)."""
 
 
 def acked_ends(pb: PacketBatch, lookahead: PacketBatch | list[PacketBatch] | None = None) -> np.ndarray:
@@ -139,10 +312,21 @@ def acked_ends(pb: PacketBatch, lookahead: PacketBatch | list[PacketBatch] | Non
     return ready[0][2]
 
 
+@dataclass(frozen=True)
+class RowEvidence:
+    """What ``busy_scan`` found for the rows of one batch: ``busy`` (int64 ns per row, 0: none), ``move`` (the
+    stream row a late segment reached the receiver after, -1: none) and ``row0`` (the batch's first stream
+    row, the numbering of ``move``)."""
+
+    busy: np.ndarray
+    move: np.ndarray
+    row0: int
+
+
 class AckEvidence:
-    """Streaming ``acked_ends``: a batch is scanned once as it comes (``ack_scan``) and flagged once ``WINDOW``
-    rows after it have been seen (or the input ends). ``push`` returns the batches that became ready, oldest
-    first, each ``(batch, extra, flags)``."""
+    """Streaming ``acked_ends`` and busy times: a batch is scanned once as it comes (``ack_scan``, ``busy_scan``)
+    and flagged once ``WINDOW`` rows after it have been seen (or the input ends). ``push`` returns the batches
+    that became ready, oldest first, each ``(batch, extra, flags, RowEvidence)``."""
 
     def __init__(self) -> None:
         self.window = int(WINDOW)
@@ -152,14 +336,27 @@ class AckEvidence:
         self._TV = np.full(2 * size, EMPTY, np.int64)
         self._TF = np.full(2 * size, -1, np.int64)
         self._ST = np.zeros(1, np.int64)  # the generation of the last row scanned
-        self._FLAG = np.zeros(1 << 16, np.uint8)  # rings by row: every row not yet taken
-        self._PREV = np.zeros(1 << 16, np.int64)
+        # busy evidence (busy_scan): per flow direction, then rings by row
+        self._CK = np.zeros(2 * size, np.uint64)
+        self._CU = np.zeros(2 * size, np.uint8)
+        self._CS = np.zeros((2 * size, 6), np.int64)
+        self._BST = np.zeros(1, np.int64)
+        ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
+        self._FLAG = np.zeros(ring, np.uint8)  # rings by row: every row not yet taken
+        self._PREV = np.zeros(ring, np.int64)
+        self._NXT = np.full(ring, -1, np.int64)
+        self._END = np.zeros(ring, np.int64)
+        self._SEQR = np.zeros(ring, np.int64)
+        self._TSR = np.zeros(ring, np.int64)
+        self._BUSY = np.zeros(ring, np.int64)
+        self._MOVE = np.full(ring, -1, np.int64)
         self._rows = 0  # rows scanned
         self._held: list[tuple[PacketBatch, Any, int]] = []  # (batch, extra, its first row)
         self._ahead = 0  # rows held after the oldest batch
 
-    def push(self, pb: PacketBatch, extra: Any = None) -> list[tuple[PacketBatch, Any, np.ndarray]]:
-        """Take a batch (and anything to carry along with it); return the batches now flagged."""
+    def push(self, pb: PacketBatch, extra: Any = None) -> list[tuple[PacketBatch, Any, np.ndarray, RowEvidence]]:
+        """Take a batch (and anything to carry along with it); return the batches now flagged, each with what
+        ``busy_scan`` found for its rows (``RowEvidence``)."""
         n = len(pb)
         self._ring(n)
         if n:
@@ -168,6 +365,10 @@ class AckEvidence:
             ack_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
                      pb.tcp_ack, pb.sport, pb.dport, src, dst, np.int64(self._rows), np.int64(self.window),
                      np.int64(self._gshift), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._ST)
+            busy_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
+                      pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.ts_ns,
+                      np.int64(self._rows), np.int64(self.window), np.int64(self._gshift), np.int64(BUSY_MAX_NS),
+                      self._CK, self._CU, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY, self._MOVE, self._BST)
         if self._held:
             self._ahead += n
         self._held.append((pb, extra, self._rows))
@@ -178,24 +379,27 @@ class AckEvidence:
         return ready
 
     def _ring(self, more: int) -> None:
-        """Room in the rings for every held row and ``more`` new ones (grown, keeping the held rows)."""
+        """Room in the rings for every held row, every segment still waiting for its ACK (at most two windows
+        back) and ``more`` new ones (grown, keeping those rows)."""
         size = self._FLAG.shape[0]
-        first = self._held[0][2] if self._held else self._rows
+        first = min(self._held[0][2] if self._held else self._rows, max(0, self._rows - 2 * self.window))
         rows = self._rows + more - first
         if rows <= size:
             return
         new = 1 << (2 * rows - 1).bit_length()
         idx = np.arange(first, self._rows, dtype=np.int64)
-        flag, prev = np.zeros(new, np.uint8), np.zeros(new, np.int64)
-        flag[idx & (new - 1)] = self._FLAG[idx & (size - 1)]
-        prev[idx & (new - 1)] = self._PREV[idx & (size - 1)]
-        self._FLAG, self._PREV = flag, prev
+        old, at = idx & (size - 1), idx & (new - 1)
+        for name in ("_FLAG", "_PREV", "_NXT", "_END", "_SEQR", "_TSR", "_BUSY", "_MOVE"):
+            a = getattr(self, name)
+            b = np.zeros(new, a.dtype)
+            b[at] = a[old]
+            setattr(self, name, b)
 
-    def _pop(self) -> tuple[PacketBatch, Any, np.ndarray]:
+    def _pop(self) -> tuple[PacketBatch, Any, np.ndarray, RowEvidence]:
         pb, extra, row0 = self._held.pop(0)
         self._ahead -= len(self._held[0][0]) if self._held else 0
         idx = np.arange(row0, row0 + len(pb), dtype=np.int64) & (self._FLAG.shape[0] - 1)
-        return pb, extra, self._FLAG[idx].astype(np.bool_)
+        return pb, extra, self._FLAG[idx].astype(np.bool_), RowEvidence(self._BUSY[idx], self._MOVE[idx], row0)
 
     def pending_from_frame(self) -> int | None:
         """The frame number of the first row held (rows are in frame order), or None when none is held."""
@@ -204,7 +408,7 @@ class AckEvidence:
                 return int(pb.frame[0])
         return None
 
-    def finish(self) -> list[tuple[PacketBatch, Any, np.ndarray]]:
+    def finish(self) -> list[tuple[PacketBatch, Any, np.ndarray, RowEvidence]]:
         """End of input: every held batch, flagged with what follows it."""
         out = []
         while self._held:

@@ -359,3 +359,19 @@ def acked_end_ends_poll(acked, still_held, next_would_merge):
     no rule ended it (the entry is still held, and the flow's next segment would merge into it: otherwise R14/
     R15 cut there anyway, e.g. at the size limit), the NAPI poll ended after this segment."""
     return acked and still_held and next_would_merge
+
+
+BUSY_SLACK_NS = 10_000
+"""How much later than the next packet an ACK that does not cover the running poll's segments must come to count
+as evidence that the poll was still running (10 us: the ACK's own way back to the capture point)."""
+
+
+@njit(cache=True, inline="always")
+def busy_poll_continues(busy, t, slack):
+    """The receiver sent an ACK not yet covering a segment of the running poll at ``busy``, later than ``slack``
+    after the next packet arrived at t (``evidence.busy_scan``): the stack had not been handed that segment by
+    then, so the poll that took it was still running when the packet came, and the idle gap before it did not
+    end the poll (gro-spec 7.1; a receiver that is behind takes packets back to back whatever the sender's
+    gaps). 0 = no evidence."""
+    return busy > 0 and busy - t > slack
+

@@ -11,6 +11,12 @@
 With ``ack_evidence`` a batch is fed to the engine once ``evidence.WINDOW`` later rows have been seen (the
 lookahead of ``evidence.AckEvidence``); with ``split_receivers`` every frame goes to the NAPI model of the host
 that receives it (``receivers.Receivers``, whose ``labels`` name the ``receiver`` index of each row).
+
+A segment the receiver's SACKs show arriving after later data (``evidence.busy_scan``'s ``move``; seen on veth
+when two flows fill one ring: the last segment before a pause in sending enters the ring behind later ones,
+``tests/fixtures/kernel/late/``) is fed to the engine after the segment it reached the receiver behind, possibly
+in a later batch: the receiver's ring order, which is what its NAPI polls took. Its own timestamp stays; the
+engine's poll clock does not go back for it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ class GroStage:
         self.receivers = Receivers()
         self._evidence = AckEvidence() if config.ack_evidence else None
         self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
+        self._carry: list[tuple[float, PacketBatch, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]] = []
+        # late segments waiting for the batch that holds the row they go after: (key, row, fid, rx, acked, busy)
 
     @property
     def labels(self) -> list[str]:
@@ -53,6 +61,8 @@ class GroStage:
     def finish(self) -> SuperPacketBatch:
         """End of input: the held batches, then every held super-packet (end_of_capture)."""
         parts = [self._run(self._evidence.finish())] if self._evidence is not None else []
+        if self._carry:  # cannot happen (a late segment goes after a row that follows it); fed rather than lost
+            parts.append(self._feed_carried(np.inf))
         parts.append(self.engine.flush())
         return SuperPacketBatch.concat(parts)
 
@@ -64,15 +74,54 @@ class GroStage:
         """The first frame the ACK lookahead holds and has not fed to the engine yet (None: none). A flow with a
         packet there or later still has rows to come: the flow table keeps it (it writes a flow only when its
         rows are out)."""
-        return self._evidence.pending_from_frame() if self._evidence is not None else None
+        if self._evidence is None:
+            return None
+        frames = [int(c[1].frame[0]) for c in self._carry]
+        held = self._evidence.pending_from_frame()
+        if held is not None:
+            frames.append(held)
+        return min(frames) if frames else None
 
     def recycle(self, flow_in_memory) -> int:
         """The engine forgets the keys of flows that have ended (``CompiledGroEngine.recycle``)."""
         return self.engine.recycle(flow_in_memory)
 
     def _run(self, ready: list) -> SuperPacketBatch:
-        """Feed the engine the batches the ACK evidence has flagged (oldest first)."""
+        """Feed the engine the batches the ACK evidence has flagged (oldest first), late segments in ring order."""
         if not ready:
             return SuperPacketBatch.empty(0)
-        out = [self.engine.feed(pb, fid, acked=acked, receiver=rx) for pb, (fid, rx), acked in ready]
+        out = [self._feed(pb, fid, rx, acked, ev) for pb, (fid, rx), acked, ev in ready]
         return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)
+
+    def _feed(self, pb: PacketBatch, fid: np.ndarray, rx: np.ndarray | None, acked: np.ndarray, ev) -> SuperPacketBatch:
+        n = len(pb)
+        r1 = ev.row0 + n
+        moved = ev.move >= 0
+        if not moved.any() and not self._carry:
+            return self.engine.feed(pb, fid, acked=acked, receiver=rx, busy=ev.busy)
+        key = np.arange(ev.row0, r1, dtype=np.float64)
+        key[moved] = ev.move[moved] + 0.5  # after the row it reached the receiver behind
+        later = key >= r1
+        for i in np.flatnonzero(later).tolist():
+            self._carry.append((float(key[i]), pb.take(np.array([i])), fid[i:i + 1],
+                                None if rx is None else rx[i:i + 1], acked[i:i + 1], ev.busy[i:i + 1]))
+        keep = ~later
+        parts = [(key[keep], pb.take(keep), fid[keep], None if rx is None else rx[keep], acked[keep], ev.busy[keep])]
+        here = [c for c in self._carry if c[0] < r1]
+        self._carry = [c for c in self._carry if c[0] >= r1]
+        parts += [(np.array([c[0]]), *c[1:]) for c in here]
+        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+        b = PacketBatch.concat([p[1] for p in parts]).take(order)
+        f = np.concatenate([p[2] for p in parts])[order]
+        r = None if rx is None else np.concatenate([p[3] for p in parts])[order]
+        a = np.concatenate([p[4] for p in parts])[order]
+        z = np.concatenate([p[5] for p in parts])[order]
+        return self.engine.feed(b, f, acked=a, receiver=r, busy=z)
+
+    def _feed_carried(self, upto: float) -> SuperPacketBatch:
+        here = sorted((c for c in self._carry if c[0] < upto), key=lambda c: c[0])
+        self._carry = [c for c in self._carry if c[0] >= upto]
+        rx = None if here[0][3] is None else np.concatenate([c[3] for c in here])
+        return self.engine.feed(PacketBatch.concat([c[1] for c in here]), np.concatenate([c[2] for c in here]),
+                                acked=np.concatenate([c[4] for c in here]), receiver=rx,
+                                busy=np.concatenate([c[5] for c in here]))

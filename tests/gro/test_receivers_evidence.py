@@ -33,9 +33,9 @@ def _flagged(path: Path, batch_size: int) -> tuple[set[int], dict[int, int]]:
     for k, rb in enumerate(CaptureReader(path, batch_size=batch_size)):
         batch_of.update(dict.fromkeys(rb.frame.tolist(), k))
         pb, _ = decode(rb)
-        for b, _, flags in ev.push(pb):
+        for b, _, flags, _ in ev.push(pb):
             out.update(b.frame[flags].tolist())
-    for b, _, flags in ev.finish():
+    for b, _, flags, _ in ev.finish():
         out.update(b.frame[flags].tolist())
     return out, batch_of
 
@@ -138,8 +138,8 @@ def test_acked_ends_hold_the_definition_on_repeats_across_generations(seed, tmp_
             got = []
             ev = AckEvidence()
             for rb in CaptureReader(path, batch_size=batch):
-                got += [f for _, _, fl in ev.push(decode(rb)[0]) for f in fl.tolist()]
-            got += [f for _, _, fl in ev.finish() for f in fl.tolist()]
+                got += [f for _, _, fl, _ in ev.push(decode(rb)[0]) for f in fl.tolist()]
+            got += [f for _, _, fl, _ in ev.finish() for f in fl.tolist()]
             assert got == want, batch
 
 

@@ -1,0 +1,357 @@
+"""Busy evidence: an ACK that does not yet cover a segment of the running poll, sent after the next packet came,
+keeps an idle gap from ending that poll (``evidence.busy_scan``, ``rules.busy_poll_continues``).
+
+* the engines (both): the rule, its slack, that given poll starts override it, and that the evidence ends with
+  the poll it belongs to;
+* ``AckEvidence``'s busy times equal the definition, computed here by brute force over the decoded rows, on the
+  kernel's sender captures and on a crafted stream with retransmissions, SACK blocks and ACKs that do not
+  advance, for batches of 1, 13 and the whole capture, with the default window and a 40-row one;
+* the kernel capture pairs: with the evidence, the rebuild from the sender capture matches at least as many of
+  the receiver's super-packets on every pair as without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bigtcp_pcap import compare
+from bigtcp_pcap.capture import CaptureReader
+from bigtcp_pcap.decode import decode
+from bigtcp_pcap.gro import GRO_ENGINES, GroConfig, SuperPacketBatch, evidence
+from bigtcp_pcap.gro.evidence import AckEvidence
+from bigtcp_pcap.gro.rules import BUSY_SLACK_NS
+from bigtcp_pcap.gro.synth import SynthFlow, build_batch, flow_ids
+from tests.craft import eth, ipv4, tcp
+from tests.gro import test_kernel_pairs as KP
+from tests.oracle import write_pcap
+
+US = 1000
+ENGINES = sorted(GRO_ENGINES)
+KERNEL = Path(__file__).resolve().parents[1] / "fixtures" / "kernel"
+SENDERS = [KERNEL / "mixed_185000.snd.pcap", KERNEL / "v6_185000.snd.pcap", KERNEL / "v4_185000.snd.pcap",
+           KERNEL / "traced" / "v4_snd185000_rcv65536.snd.pcap", KERNEL / "traced" / "v6_80000.snd.pcap"]
+
+
+def run(engine: str, pkts: list[dict], busy: dict[int, int], acked=(), marks=None, splits=()) -> SuperPacketBatch:
+    eng = GRO_ENGINES[engine](GroConfig(gro_max_size=185000))
+    b, fid = build_batch(pkts), flow_ids(pkts)
+    bz = np.zeros(len(pkts), np.int64)
+    for i, v in busy.items():
+        bz[i] = v
+    ak = np.zeros(len(pkts), bool)
+    ak[list(acked)] = True
+    m = None if marks is None else np.isin(np.arange(len(pkts)), marks)
+    parts = [eng.feed(b.take(slice(a, z)), fid[a:z], None if m is None else m[a:z], acked=ak[a:z], busy=bz[a:z])
+             for a, z in itertools.pairwise([0, *splits, len(pkts)])]
+    return SuperPacketBatch.concat([*parts, eng.flush()])
+
+
+def sizes(r: SuperPacketBatch) -> list[int]:
+    return r.n_segments.tolist()
+
+
+def two_bursts(n: int = 3, gap_us: int = 500) -> list[dict]:
+    f = SynthFlow()
+    pk = f.segments(n)
+    f.gap(gap_us * US)
+    return pk + f.segments(n)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_busy_receiver_keeps_the_poll_running_across_an_idle_gap(engine):
+    pk = two_bursts()
+    t3 = pk[3]["ts_ns"]
+    assert sizes(run(engine, pk, {})) == [3, 3]  # the gap rule alone: two polls
+    assert sizes(run(engine, pk, {2: t3 + 20 * US})) == [6]  # an ACK 20 us after the next packet: one poll
+    assert sizes(run(engine, pk, {0: t3 + 20 * US})) == [6]  # any segment of the running poll counts
+    assert sizes(run(engine, pk, {2: t3 + 20 * US}, splits=[1, 3, 4])) == [6]  # whatever the batches
+    assert sizes(run(engine, pk, {2: t3 + BUSY_SLACK_NS})) == [3, 3]  # not later than the slack: no evidence
+    assert sizes(run(engine, pk, {3: t3 + 20 * US})) == [3, 3]  # the next poll's own packet says nothing
+    assert sizes(run(engine, pk, {2: t3 + 20 * US}, marks=[0, 3])) == [3, 3]  # known poll starts win
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_busy_evidence_ends_with_its_poll(engine):
+    f = SynthFlow()
+    pk = f.segments(3)
+    f.gap(5 * US)
+    pk += f.segments(3)
+    f.gap(500 * US)
+    pk += f.segments(3)
+    far = pk[-1]["ts_ns"] + 1_000 * US
+    # segment 2's end was ACKed: that poll ended there, and its busy time does not reach into the next poll
+    assert sizes(run(engine, pk, {2: far}, acked=[2])) == [3, 3, 3]
+    assert sizes(run(engine, pk, {2: far})) == [9]
+
+
+def _definition(pb, window: int, max_ns: int) -> list[int]:
+    """The busy time of every row, by brute force: the latest ACK of the reverse direction, at most ``window``
+    rows and ``max_ns`` after the segment, without SACK blocks, advancing its direction's acknowledgment number
+    (over every ACK, SACK or not), before any such ACK covers the segment's end; segments whose end is not
+    after the flow's last taken end get none."""
+    n = len(pb)
+    tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & np.isin(pb.ip_version, (4, 6))
+    key = [(int(v), bytes(s), bytes(d), int(a), int(b)) for v, s, d, a, b in
+           zip(pb.ip_version, pb.src, pb.dst, pb.sport, pb.dport, strict=True)]
+    rev = [(v, d, s, b, a) for v, s, d, a, b in key]
+    plen, seq, ack, ts = (x.astype(np.int64).tolist() for x in (pb.tcp_payload_len, pb.tcp_seq, pb.tcp_ack,
+                                                              pb.ts_ns))
+    isack = ((pb.tcp_flags & 0x10) != 0) & tcp
+    nosack = (pb.tcp_sack_blocks == 0).tolist()
+
+    def after(a: int, b: int) -> bool:
+        d = (a - b) % 2**32
+        return 0 < d < 2**31
+
+    taken: dict = {}  # per direction: the last segment taken (row, end)
+    counts = [False] * n
+    for r in range(n):
+        if tcp[r] and plen[r] > 0:
+            k, end = key[r], (seq[r] + plen[r]) % 2**32
+            prev = taken.get(k)
+            if prev is not None and r - prev[0] > window:
+                prev = None
+            if prev is None or after(end, prev[1]):
+                taken[k] = (r, end)
+                counts[r] = True
+    accepted = [False] * n  # ACKs that advance their direction's number (the scan's CA), as seen by the scan
+    last: dict = {}
+    seen: set = set()
+    for r in range(n):
+        if tcp[r] and plen[r] > 0:
+            seen.add(key[r])
+        if isack[r] and rev[r] in seen:
+            k = rev[r]
+            if k not in last or after(ack[r], last[k]):
+                last[k] = ack[r]
+                accepted[r] = True
+    out = [0] * n
+    for i in range(n):
+        if not counts[i]:
+            continue
+        end = (seq[i] + plen[i]) % 2**32
+        for j in range(i + 1, min(n, i + window + 1)):
+            if accepted[j] and rev[j] == key[i]:
+                if not after(end, ack[j]):
+                    break  # covered (by any ACK that advances): no later ACK counts
+                if nosack[j]:
+                    if ts[j] - ts[i] > max_ns:
+                        break
+                    out[i] = ts[j]
+    return out
+
+
+def _scan(path: Path, batch: int) -> list[int]:
+    ev, got = AckEvidence(), []
+    for rb in CaptureReader(path, batch_size=batch):
+        got += [int(x) for *_, e in ev.push(decode(rb)[0]) for x in e.busy.tolist()]
+    return got + [int(x) for *_, e in ev.finish() for x in e.busy.tolist()]
+
+
+@pytest.mark.parametrize("path", SENDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_busy_times_are_the_definition_on_kernel_sender_captures(path):
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 20))))
+    want = _definition(pb, evidence.WINDOW, evidence.BUSY_MAX_NS)
+    assert sum(v > 0 for v in want) > 20  # the receivers were busy now and then
+    for batch in (13, 1 << 16):
+        assert _scan(path, batch) == want, batch
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_busy_times_are_the_definition_on_a_crafted_stream(seed, tmp_path, monkeypatch):
+    """Three connections, both directions carrying data, retransmitted segments, ACKs that do not advance or go
+    back, SACK blocks (option kind 5), 1-50 us between packets; a window of 40 rows (generations of 64, so a
+    direction's waiting segments cross generations and expire) and a 300 us time limit."""
+    rng = np.random.default_rng(seed)
+    hosts = [((10, 0, 0, 1), (10, 0, 0, 2), 40000 + c, 5201) for c in range(3)]
+    nxt = {}
+    pkts, times = [], []
+    t = 0
+    sack = bytes([1, 1, 5, 10]) + b"\0" * 8
+    for _ in range(1200):
+        src, dst, sp, dp = hosts[rng.integers(3)]
+        if rng.random() < 0.45:
+            src, dst, sp, dp = dst, src, dp, sp
+        d = (src, sp)
+        plen = int(rng.choice([0, 0, 100, 200]))
+        base = nxt.get(d, 1000)
+        seq = base if rng.random() < 0.85 else max(0, base - int(rng.integers(1, 4)) * 100)
+        if plen and seq == base:
+            nxt[d] = base + plen
+        peer = nxt.get((dst, dp), 1000)
+        ack = peer - int(rng.choice([0, 0, 0, 100, 200, 300]))
+        opts = sack if rng.random() < 0.1 else b""
+        ip = bytearray(ipv4(20 + len(opts) + plen))
+        ip[12:16], ip[16:20] = bytes(src), bytes(dst)
+        th = bytearray(tcp(sp, dp, seq, max(0, ack), options=opts))
+        pkts.append(eth(0x0800) + bytes(ip) + bytes(th) + b"x" * plen)
+        t += int(rng.integers(1, 50))
+        times.append(t)
+    path = write_pcap(tmp_path / "r.pcap", pkts, times_us=times)
+    monkeypatch.setattr(evidence, "WINDOW", 40)
+    monkeypatch.setattr(evidence, "BUSY_MAX_NS", 300_000)
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    assert (pb.tcp_sack_blocks > 0).sum() > 50
+    want = _definition(pb, 40, 300_000)
+    assert 50 < sum(v > 0 for v in want) < len(pb) // 2
+    for batch in (1, 13, 1 << 16):
+        assert _scan(path, batch) == want, batch
+
+
+PAIRS = [p for p in KP.PAIRS if KP._drop_free(json.loads((KERNEL / f"{p}.json").read_text()))]
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_busy_evidence_never_costs_a_kernel_pair_a_super_packet(name):
+    meta = json.loads((KERNEL / f"{name}.json").read_text())
+    cfg = KP.pair_config(meta)
+    snd, rcv = KERNEL / f"{name}.snd.pcap", KERNEL / f"{name}.rcv.pcap"
+    with_busy = compare.compare(snd, rcv, gro=cfg).reproduced
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(evidence, "BUSY_MAX_NS", -1)  # no ACK is ever recent enough: no busy evidence
+        without = compare.compare(snd, rcv, gro=cfg).reproduced
+    assert with_busy >= without
+    assert dataclasses.replace(cfg).ack_evidence
+
+
+def _late_segment_capture(tmp_path: Path) -> Path:
+    """Ten 100-byte segments 1 us apart, the fourth (P) reaching the receiver late: after the seventh, the
+    receiver SACKs (ack = P's start, one SACK block from P's end to the seventh's) and, still before any copy
+    of P is sent again, ACKs up to the seventh's end. Reverse frames swap the MACs and addresses."""
+    from tests.craft import MAC
+
+    def frame(rev: bool, seq: int, ack: int, plen: int, opts: bytes = b"") -> bytes:
+        mac = MAC[6:] + MAC[:6] if rev else MAC
+        ip = bytearray(ipv4(20 + len(opts) + (-len(opts) % 4) + plen))
+        if rev:
+            ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
+        sp, dp = (5201, 40000) if rev else (40000, 5201)
+        return mac + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, options=opts) + b"x" * plen
+
+    sack = bytes([1, 1, 5, 10]) + (1400).to_bytes(4, "big") + (1700).to_bytes(4, "big")  # P is 1300-1400
+    seg = [frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
+    pkts = seg[:7] + [frame(True, 1, 1300, 0, sack), frame(True, 1, 1700, 0)] + seg[7:]
+    return write_pcap(tmp_path / "late.pcap", pkts, times_us=list(range(len(pkts))))
+
+
+def _stage_rows(path: Path, batch: int):
+    from bigtcp_pcap.gro.stage import GroStage
+
+    stage = GroStage(GroConfig(gro_max_size=185000))
+    parts = []
+    for rb in CaptureReader(path, batch_size=batch):
+        pb, _ = decode(rb)
+        fid = np.where(pb.tcp_payload_len > 0, 0, 1).astype(np.int64)
+        parts.append(stage.feed(rb, pb, fid))
+    parts.append(stage.finish())
+    rows = SuperPacketBatch.concat(parts)
+    data = rows.payload_len > 0
+    return list(zip(rows.first_frame[data].tolist(), rows.n_segments[data].tolist(), strict=True))
+
+
+def test_a_late_segment_is_fed_where_the_receiver_got_it(tmp_path):
+    """P (frame 4) goes after the seventh segment (frame 7), as the receiver's SACK and ACK say, whatever the
+    batches (P and the row it goes after in one batch or in different ones): GRO then builds what the kernel
+    built from that ring order, 1-3, 5-7 (the hole ends the first), P alone, 8-10."""
+    path = _late_segment_capture(tmp_path)
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    assert e.move.tolist() == [-1, -1, -1, 6, -1, -1, -1, -1, -1, -1, -1, -1]
+    want = [(1, 3), (5, 3), (4, 1), (10, 3)]
+    for batch in (1, 3, 5, 1 << 16):
+        assert _stage_rows(path, batch) == want, batch
+
+
+def test_a_segment_sent_again_is_not_moved(tmp_path):
+    """The same stream with P sent again before the covering ACK (a retransmission: the first copy was lost,
+    or thought lost): no move, and the rows are what the capture order gives."""
+    from tests.craft import MAC
+
+    path = _late_segment_capture(tmp_path)
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    raw = path.read_bytes()
+    # rebuild with a copy of P between the SACK and the covering ACK
+    recs, p = [], 24
+    while p + 16 <= len(raw):
+        n = int.from_bytes(raw[p + 8:p + 12], "little")
+        recs.append(raw[p + 16:p + 16 + n])
+        p += 16 + n
+    assert recs[3][:12] == MAC
+    pkts = recs[:8] + [recs[3]] + recs[8:]
+    again = write_pcap(tmp_path / "again.pcap", pkts, times_us=list(range(len(pkts))))
+    pb, _ = decode(next(iter(CaptureReader(again, batch_size=1 << 16))))
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    assert (e.move < 0).all()
+
+
+def test_a_dsack_is_not_a_late_segment(tmp_path):
+    """The same stream with the SACK block below the ACK number (a D-SACK: the receiver got some data twice):
+    the segment at the ACK number is merely next, not late."""
+    path = _late_segment_capture(tmp_path)
+    raw = bytearray(path.read_bytes())
+    i = raw.find((1400).to_bytes(4, "big") + (1700).to_bytes(4, "big"))
+    raw[i:i + 8] = (1100).to_bytes(4, "big") + (1200).to_bytes(4, "big")
+    path.write_bytes(bytes(raw))
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    assert pb.tcp_sack_left.tolist().count(1100) == 1
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    assert (e.move < 0).all()
+
+
+LATE = KERNEL / "late"
+
+
+def _receiver_late(rcv_path: Path) -> set[tuple[int, int]]:
+    """(source port, raw seq) of the data the receiver's own capture shows arriving after later data of its
+    flow (its first copy, not a retransmission's)."""
+    pb, _ = decode(next(iter(CaptureReader(rcv_path, batch_size=1 << 20))))
+    top: dict[int, int] = {}
+    seen, late = set(), set()
+    for i in np.flatnonzero(pb.tcp_payload_len > 0).tolist():
+        sp, sq, ln = int(pb.sport[i]), int(pb.tcp_seq[i]), int(pb.tcp_payload_len[i])
+        end = (sq + ln) % 2**32
+        hi = top.setdefault(sp, end)
+        if 0 < (hi - end) % 2**32 < 2**31:  # ends before data already delivered
+            if (sp, sq) not in seen:
+                late.add((sp, sq))
+        else:
+            top[sp] = end
+        seen.add((sp, sq))
+    return late
+
+
+def test_late_segments_found_in_the_sender_capture_are_late_at_the_kernel_receiver():
+    """A slice of a kernel-made pair (``late/``: an IPv4 and an IPv6 flow into one veth, pfifo on the sender's
+    side; see the fixtures README) in which the receiver got single segments after later data. Every segment
+    the sender's capture alone marks as late (its SACKs, then its ACK before any copy is sent again) is one the
+    receiver's capture shows arriving late, and most of those are found; fed in the receiver's order, the
+    rebuild matches more of the receiver's super-packets than in capture order."""
+    snd, rcv = LATE / "mixed_185000.snd.pcap", LATE / "mixed_185000.rcv.pcap"
+    pb, _ = decode(next(iter(CaptureReader(snd, batch_size=1 << 20))))
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    found = {(int(pb.sport[i]), int(pb.tcp_seq[i])) for i in np.flatnonzero(e.move >= 0).tolist()}
+    late = _receiver_late(rcv)
+    assert len(late) >= 8
+    assert found <= late
+    assert len(found) >= 0.7 * len(late)
+    assert all(e.move[i] > i for i in np.flatnonzero(e.move >= 0).tolist())
+    cfg = GroConfig(gro_max_size=185000, gro_ipv4_max_size=185000)
+    moved = compare.compare(snd, rcv, gro=cfg).reproduced
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("bigtcp_pcap.gro.stage.GroStage._feed", _feed_in_capture_order)
+        unmoved = compare.compare(snd, rcv, gro=cfg).reproduced
+    assert moved >= unmoved + len(found)
+
+
+def _feed_in_capture_order(self, pb, fid, rx, acked, ev):
+    return self.engine.feed(pb, fid, acked=acked, receiver=rx, busy=ev.busy)
