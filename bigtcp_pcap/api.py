@@ -334,7 +334,8 @@ class _Run:
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             _raise_stop(self.stop, error, out_err, self.sinks, out)
-        summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels)
+        summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels,
+                                     self.gro_stage.late_segments)
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
         summary["capture_kind"] = D.infer_capture(self.tally, cfg, self.stats.payload_packets)
@@ -508,7 +509,7 @@ class _Stats:
             self.receiver_rows[int(r)] += int(k)
 
     def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, cfg: GroConfig,
-                receivers: list[str]) -> dict:
+                receivers: list[str], late_segments: int = 0) -> dict:
         dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
@@ -523,7 +524,8 @@ class _Stats:
             "top_flows": [{k: r[k] for k in _TOP_KEYS} for r in flow_sum.top[:5]],
             "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common()),
                              "poll_ends": {n: int(self.poll_ends[i]) for i, n in enumerate(POLL_END_NAMES) if i},
-                             "receivers": {receivers[r]: k for r, k in self.receiver_rows.most_common()}},
+                             "receivers": {receivers[r]: k for r, k in self.receiver_rows.most_common()},
+                             "late_segments": late_segments},
             "findings": dict(self.findings.most_common()),
             "not_fully_decoded": {name: int(self.status[bit]) for bit, name in enumerate(STATUS_NAMES)
                                   if name and self.status[bit]},

@@ -385,9 +385,10 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
     out["top_flows"] = [{k: (None if pd.isna(r[k]) else (r[k].item() if hasattr(r[k], "item") else r[k]))
                          for k in keys} for _, r in top.iterrows()]
-    sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}}
+    sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}, "late_segments": 0}
     for s in ss:
         sp["count"] += s["superpackets"]["count"]
+        sp["late_segments"] += s["superpackets"].get("late_segments", 0)
         for k in ("flush_reasons", "poll_ends", "receivers"):
             sp[k] = _add(sp[k], s["superpackets"][k])
     out["superpackets"] = sp

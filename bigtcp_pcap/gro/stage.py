@@ -44,6 +44,7 @@ class GroStage:
         self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
         self._carry: list[tuple[float, PacketBatch, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]] = []
         # late segments waiting for the batch that holds the row they go after: (key, row, fid, rx, acked, busy)
+        self.late_segments = 0  # segments fed where the receiver got them (after later data), so far
 
     @property
     def labels(self) -> list[str]:
@@ -99,6 +100,7 @@ class GroStage:
         moved = ev.move >= 0
         if not moved.any() and not self._carry:
             return self.engine.feed(pb, fid, acked=acked, receiver=rx, busy=ev.busy)
+        self.late_segments += int(np.count_nonzero(moved))
         key = np.arange(ev.row0, r1, dtype=np.float64)
         key[moved] = ev.move[moved] + 0.5  # after the row it reached the receiver behind
         later = key >= r1

@@ -42,6 +42,10 @@ def render(summary: dict, console: Console) -> None:
                  "end_of_capture": "the end of the capture"}
         head.add_row("poll ends", f"{_n(ends)} super-packets ended at a NAPI poll end: " +
                      ", ".join(f"{100 * v / ends:.0f} % {words[k]}" for k, v in pe.items() if v))
+    if sp.get("late_segments"):
+        head.add_row("late segments", f"{_n(sp['late_segments'])} reached the receiver after later data of their "
+                     "flow (its SACK, then an ACK before any resend): rebuilt where it got them, each alone, "
+                     "ending the super-packet before it (on veth: a full ring with several flows)")
     rx = sp.get("receivers") or {}
     if len(rx) > 1:
         head.add_row("receivers", "one GRO/NAPI model each: " + ", ".join(f"{k} ({_n(v)} rows)"
