@@ -54,6 +54,14 @@ def _find(TK, TV, k, base, tmask):
         j = (j + 1) & tmask
 
 
+@njit(cache=True, inline="always")
+def _directions(v, s0, s1, d0, d1, sp, dp):
+    """The digests of a packet's flow direction and of the reverse one (as the flow table digests its keys)."""
+    vw = np.uint64(v) << np.uint64(32)
+    return (_digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1),
+            _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1))
+
+
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
            "u64[:, ::1], i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], i64[::1], i64[::1]"))
@@ -94,9 +102,7 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
             continue
         s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
         if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
-            vw = np.uint64(v) << np.uint64(32)
-            fwd = _digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1)
-            rev = _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1)
+            fwd, rev = _directions(v, s0, s1, d0, d1, sp, dp)
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         here = (g & 1) * size
         if flags[i] & TH_ACK:
@@ -227,9 +233,7 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
             continue
         s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
         if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
-            vw = np.uint64(v) << np.uint64(32)
-            fwd = _digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1)
-            rev = _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1)
+            fwd, rev = _directions(v, s0, s1, d0, d1, sp, dp)
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         here = (g & 1) * size
         if flags[i] & TH_ACK:
