@@ -165,23 +165,35 @@ def _conn(CK, CU, CS, k, here, other, tmask, insert):
     CK[slot], CU[slot] = k, 1
     for c in range(CS.shape[1]):
         CS[slot, c] = -1
+    CS[slot, CS_NMISS] = 0
     return slot
 
 
 # busy_scan's per-direction state (columns of CS): the waiting segments' first and last row, the last
-# acknowledgment number taken, the last segment taken (its end and row), the waiting segment a SACK said is
-# missing (its row, -1: none)
-CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_HOLE = range(6)
+# acknowledgment number taken, the last segment taken (its end and row), how many waiting segments a SACK
+# marked missing
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS = range(6)
+PENDING = np.int64(-2)  # MOVE of a segment marked missing whose ACK has not come yet
 
 
 @njit(cache=True, inline="always")
-def _expire(CS, NXT, e, r, window, rmask):
+def _drop(CS, MOVE, e, h, rmask):
+    """A waiting segment leaves the direction's list uncovered by the evidence: a pending late mark lapses."""
+    if MOVE[h & rmask] == PENDING:
+        MOVE[h & rmask] = -1
+        CS[e, CS_NMISS] -= 1
+
+
+@njit(cache=True, inline="always")
+def _expire(CS, NXT, MOVE, e, r, window, rmask):
     """Forget the direction's waiting segments more than ``window`` rows before row r."""
     if CS[e, CS_TAIL] >= 0 and r - CS[e, CS_TAIL] > window:
-        CS[e, CS_HEAD] = -1
+        CS[e, CS_HEAD] = -1  # all of them (their pending marks read as none when the rows are taken)
         CS[e, CS_TAIL] = -1
+        CS[e, CS_NMISS] = 0
     h = CS[e, CS_HEAD]
     while h >= 0 and r - h > window:
+        _drop(CS, MOVE, e, h, rmask)
         h = NXT[h & rmask]
     CS[e, CS_HEAD] = h
     if h < 0:
@@ -203,13 +215,13 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
     rest to its own time (any ACK that advances drops the covered ones). A segment is taken only when its end is
     after the last taken one's (that one at most ``window`` rows back).
 
-    Late segments (``move``): an ACK whose number is the first waiting segment's start and whose first SACK
-    block begins at that segment's end says the data right after the segment reached the receiver and the
-    segment did not (a D-SACK, reporting a duplicate below the number, does not). When an ACK then covers it, at most
-    ``window`` rows and ``max_ns`` later, with no copy of it sent in between (a retransmission: lost, not
-    late), the segment reached the stack after the data up to that ACK's number: MOVE of its row is the
-    last segment ending there. Rings by row: NXT, END (segment end), SEQR (its start), TSR (its time), BUSY,
-    MOVE."""
+    Late segments (``move``): a SACK block that begins at a waiting segment's end says the data right after
+    that segment reached the receiver and the segment did not (the receiver would have merged the two into one
+    block; a D-SACK, below the ACK number, names no waiting segment). The segment is marked (MOVE = PENDING).
+    When an ACK then covers it, at most ``window`` rows and ``max_ns`` after it was sent, with no copy of it sent
+    in between (a retransmission: lost, not late), it reached the stack after the data up to that ACK's number:
+    MOVE of its row is the last segment ending there (-1 when none ends there). Rings by row: NXT, END
+    (segment end), SEQR (its start), TSR (its time), BUSY, MOVE."""
     rmask = np.int64(BUSY.shape[0] - 1)
     size = np.int64(CK.shape[0] >> 1)
     tmask = size - 1
@@ -241,25 +253,28 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
             if e >= 0:
                 a = np.int64(ack[i])
                 t = ts[i]
-                _expire(CS, NXT, e, r, window, rmask)
-                hp = CS[e, CS_HOLE]
-                if hp >= 0 and (r - hp > window or t - TSR[hp & rmask] > max_ns):
-                    hp = -1  # the hole was not filled in time: no move
+                _expire(CS, NXT, MOVE, e, r, window, rmask)
                 if CS[e, CS_ACK] < 0 or _seq_after(a, CS[e, CS_ACK]):
                     CS[e, CS_ACK] = a
-                    h = CS[e, CS_HEAD]
+                    h0 = CS[e, CS_HEAD]
+                    h = h0
                     last = np.int64(-1)  # the last covered segment ending exactly at a
                     while h >= 0 and not _seq_after(END[h & rmask], a):
                         if END[h & rmask] == a:
                             last = h
                         h = NXT[h & rmask]
-                    if hp >= 0 and not _seq_after(END[hp & rmask], a):  # the missing segment came: ACKed now
-                        if last > hp:
-                            MOVE[hp & rmask] = last
-                        hp = -1
+                    if CS[e, CS_NMISS] > 0:  # marked segments among the covered ones came late: after `last`
+                        x = h0
+                        while x != h:
+                            if MOVE[x & rmask] == PENDING:
+                                ok = last > x and t - TSR[x & rmask] <= max_ns
+                                MOVE[x & rmask] = last if ok else -1
+                                CS[e, CS_NMISS] -= 1
+                            x = NXT[x & rmask]
                     if sack[i] == 0:
                         while h >= 0 and t - TSR[h & rmask] > max_ns:
-                            h = NXT[h & rmask]  # too old for this and every later ACK
+                            _drop(CS, MOVE, e, h, rmask)  # too old for this and every later ACK
+                            h = NXT[h & rmask]
                     CS[e, CS_HEAD] = h
                     if h < 0:
                         CS[e, CS_TAIL] = -1
@@ -267,15 +282,17 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
                         while h >= 0:
                             BUSY[h & rmask] = t
                             h = NXT[h & rmask]
-                h = CS[e, CS_HEAD]
-                if sack[i] != 0 and hp < 0 and h >= 0 and SEQR[h & rmask] == a and np.int64(sackl[i]) == END[h & rmask]:
-                    hp = h  # SACK: the data right after the first waiting segment came, that segment did not
-                CS[e, CS_HOLE] = hp
+                if sack[i] != 0:
+                    edge = np.int64(sackl[i])
+                    h = CS[e, CS_HEAD]
+                    while h >= 0 and _seq_after(edge, END[h & rmask]):
+                        h = NXT[h & rmask]
+                    if h >= 0 and END[h & rmask] == edge and MOVE[h & rmask] == -1 and t - TSR[h & rmask] <= max_ns:
+                        MOVE[h & rmask] = PENDING  # the data right after it came, it did not
+                        CS[e, CS_NMISS] += 1
         if plen[i] > 0:
             e = _conn(CK, CU, CS, fwd, here, size - here, tmask, True)
-            _expire(CS, NXT, e, r, window, rmask)
-            if CS[e, CS_HOLE] >= 0 and np.int64(seq[i]) == SEQR[CS[e, CS_HOLE] & rmask]:
-                CS[e, CS_HOLE] = -1  # sent again: lost (or thought lost), not late
+            _expire(CS, NXT, MOVE, e, r, window, rmask)
             end = (np.int64(seq[i]) + np.int64(plen[i])) & np.int64(0xFFFFFFFF)
             if CS[e, CS_ROW] < 0 or r - CS[e, CS_ROW] > window or _seq_after(end, CS[e, CS_END]):
                 CS[e, CS_END] = end  # retransmitted and reordered segments are not taken: no evidence
@@ -290,6 +307,14 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
                 else:
                     CS[e, CS_HEAD] = r
                 CS[e, CS_TAIL] = r
+            elif CS[e, CS_NMISS] > 0:  # a copy of a waiting segment: if it was marked late, it was lost instead
+                x = CS[e, CS_HEAD]
+                while x >= 0:
+                    if MOVE[x & rmask] == PENDING and SEQR[x & rmask] == np.int64(seq[i]):
+                        MOVE[x & rmask] = -1
+                        CS[e, CS_NMISS] -= 1
+                        break
+                    x = NXT[x & rmask]
     ST[0] = gen
 
 # How far after a segment its ACK may come and still count: a number of packets, not "the next batch", so the
@@ -403,7 +428,8 @@ class AckEvidence:
         pb, extra, row0 = self._held.pop(0)
         self._ahead -= len(self._held[0][0]) if self._held else 0
         idx = np.arange(row0, row0 + len(pb), dtype=np.int64) & (self._FLAG.shape[0] - 1)
-        return pb, extra, self._FLAG[idx].astype(np.bool_), RowEvidence(self._BUSY[idx], self._MOVE[idx], row0)
+        mv = self._MOVE[idx]
+        return pb, extra, self._FLAG[idx].astype(np.bool_), RowEvidence(self._BUSY[idx], np.maximum(mv, -1), row0)
 
     def pending_from_frame(self) -> int | None:
         """The frame number of the first row held (rows are in frame order), or None when none is held."""

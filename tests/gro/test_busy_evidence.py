@@ -355,3 +355,28 @@ def test_late_segments_found_in_the_sender_capture_are_late_at_the_kernel_receiv
 
 def _feed_in_capture_order(self, pb, fid, rx, acked, ev):
     return self.engine.feed(pb, fid, acked=acked, receiver=rx, busy=ev.busy)
+
+
+def test_two_late_segments_at_once(tmp_path):
+    """Two segments missing at the same time: the receiver's ACK number stays at the first one while the SACK
+    block it sends next begins right after the second. Each is moved after the last segment ending at the ACK
+    number that covers it (the first after the sixth segment, the second after the eighth)."""
+    from tests.craft import MAC
+
+    def frame(rev: bool, seq: int, ack: int, plen: int, left: int | None = None) -> bytes:
+        opts = b"" if left is None else bytes([1, 1, 5, 10]) + left.to_bytes(4, "big") + (left + 100).to_bytes(4, "big")
+        ip = bytearray(ipv4(20 + len(opts) + plen))
+        if rev:
+            ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
+        sp, dp = (5201, 40000) if rev else (40000, 5201)
+        return (MAC[6:] + MAC[:6] if rev else MAC) + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, options=opts) \
+            + b"x" * plen
+
+    seg = [frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
+    pkts = [*seg[:5], frame(True, 1, 1300, 0, 1400), seg[5], seg[6], seg[7], frame(True, 1, 1300, 0, 1700),
+            frame(True, 1, 1600, 0, 1700), frame(True, 1, 1800, 0), seg[8], seg[9]]
+    path = write_pcap(tmp_path / "two.pcap", pkts, times_us=list(range(len(pkts))))
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    assert e.move.tolist() == [-1, -1, -1, 6, -1, -1, -1, 8, -1, -1, -1, -1, -1, -1]
