@@ -17,8 +17,9 @@ where batches begin.
 The same ACK stream shows when the receiver was still busy: an ACK that does not yet cover a data segment, sent
 after the next packet of the receiver's queue had arrived, means the stack had not been handed that segment
 then, so the NAPI poll that took it was still running and an idle gap before the next packet did not end it
-(``rules.busy_poll_continues``). ``busy_scan`` gives each data segment the time of the latest such ACK
-(``busy``: 0 when none): ACKs of the reverse direction that advance the acknowledged number, carry no SACK
+(``rules.busy_poll_continues``). ``busy_scan`` gives each data segment the time of the latest such ACK, less
+the shortest ACK lag its flow direction has shown, which bounds the round trip between the capture point and
+the receiver (``busy``: when the receiver sent that ACK at the latest; 0 when none): ACKs of the reverse direction that advance the acknowledged number, carry no SACK
 block (a SACK or duplicate ACK says a segment is missing, not that the receiver is busy), come at most
 ``WINDOW`` rows and ``BUSY_MAX_NS`` after the segment and do not cover its end. Retransmitted or reordered
 segments (an end not after the flow's last one) get none. Sans-IO: batches in, flagged batches out, the
@@ -171,8 +172,8 @@ def _conn(CK, CU, CS, k, here, other, tmask, insert):
 
 # busy_scan's per-direction state (columns of CS): the waiting segments' first and last row, the last
 # acknowledgment number taken, the last segment taken (its end and row), how many waiting segments a SACK
-# marked missing
-CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS = range(6)
+# marked missing, the shortest ACK lag seen (-1: none yet) and the time of the direction's last segment
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T = range(8)
 PENDING = np.int64(-2)  # MOVE of a segment marked missing whose ACK has not come yet
 
 
@@ -212,8 +213,11 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
     moved to the current generation's table when it is used; state CS): the segments not yet covered by an
     ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
     no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the
-    rest to its own time (any ACK that advances drops the covered ones). A segment is taken only when its end is
-    after the last taken one's (that one at most ``window`` rows back).
+    rest to its own time less the shortest ACK lag the direction has shown (a segment to the first ACK
+    covering it: at least the round trip between the capture point and the receiver, so an ACK that was only
+    on its way back counts for nothing; no evidence before a first lag, and the lag is forgotten after the
+    direction was silent for ``max_ns``). Any ACK that advances drops the covered ones. A segment is taken
+    only when its end is after the last taken one's (that one at most ``window`` rows back).
 
     Late segments (``move``): a SACK block that begins at a waiting segment's end says the data right after
     that segment reached the receiver and the segment did not (the receiver would have merged the two into one
@@ -259,10 +263,16 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
                     h0 = CS[e, CS_HEAD]
                     h = h0
                     last = np.int64(-1)  # the last covered segment ending exactly at a
+                    newest = np.int64(-1)  # the last covered one
                     while h >= 0 and not _seq_after(END[h & rmask], a):
                         if END[h & rmask] == a:
                             last = h
+                        newest = h
                         h = NXT[h & rmask]
+                    if newest >= 0:  # the way to the receiver and back, at most: the shortest lag seen
+                        lag = t - TSR[newest & rmask]
+                        if lag >= 0 and (CS[e, CS_LAG] < 0 or lag < CS[e, CS_LAG]):
+                            CS[e, CS_LAG] = lag
                     if CS[e, CS_NMISS] > 0:  # marked segments among the covered ones came late: after `last`
                         x = h0
                         while x != h:
@@ -278,9 +288,10 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
                     CS[e, CS_HEAD] = h
                     if h < 0:
                         CS[e, CS_TAIL] = -1
-                    if sack[i] == 0:
+                    if sack[i] == 0 and CS[e, CS_LAG] >= 0:
+                        sent = t - CS[e, CS_LAG]  # the receiver sent it no later than this
                         while h >= 0:
-                            BUSY[h & rmask] = t
+                            BUSY[h & rmask] = sent
                             h = NXT[h & rmask]
                 if sack[i] != 0:
                     edge = np.int64(sackl[i])
@@ -293,6 +304,9 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
         if plen[i] > 0:
             e = _conn(CK, CU, CS, fwd, here, size - here, tmask, True)
             _expire(CS, NXT, MOVE, e, r, window, rmask)
+            if CS[e, CS_LAST_T] >= 0 and ts[i] - CS[e, CS_LAST_T] > max_ns:
+                CS[e, CS_LAG] = -1  # silent longer than the evidence lasts: the path may have changed
+            CS[e, CS_LAST_T] = ts[i]
             end = (np.int64(seq[i]) + np.int64(plen[i])) & np.int64(0xFFFFFFFF)
             if CS[e, CS_ROW] < 0 or r - CS[e, CS_ROW] > window or _seq_after(end, CS[e, CS_END]):
                 CS[e, CS_END] = end  # retransmitted and reordered segments are not taken: no evidence
@@ -368,7 +382,7 @@ class AckEvidence:
         # busy evidence (busy_scan): per flow direction, then rings by row
         self._CK = np.zeros(2 * size, np.uint64)
         self._CU = np.zeros(2 * size, np.uint8)
-        self._CS = np.zeros((2 * size, 6), np.int64)
+        self._CS = np.zeros((2 * size, 8), np.int64)
         self._BST = np.zeros(1, np.int64)
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
         self._FLAG = np.zeros(ring, np.uint8)  # rings by row: every row not yet taken

@@ -91,59 +91,64 @@ def test_busy_evidence_ends_with_its_poll(engine):
 
 
 def _definition(pb, window: int, max_ns: int) -> list[int]:
-    """The busy time of every row, by brute force: the latest ACK of the reverse direction, at most ``window``
-    rows and ``max_ns`` after the segment, without SACK blocks, advancing its direction's acknowledgment number
-    (over every ACK, SACK or not), before any such ACK covers the segment's end; segments whose end is not
-    after the flow's last taken end get none."""
+    """The busy time of every row, by a plain simulation of the definition (Python lists, no rings or tables):
+    per flow direction, the segments taken (an end after the last taken one's, unless that one is more than
+    ``window`` rows back) and not yet covered; an ACK of the reverse direction that advances the number drops
+    the covered ones (its lag to the newest of them is a sample of the shortest lag) and, without a SACK block,
+    the ones sent more than ``max_ns`` before it, then gives the rest its time less the shortest lag (none
+    before a first lag, nor after the direction was silent for ``max_ns``); segments more than ``window`` rows
+    back are dropped."""
     n = len(pb)
-    tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & np.isin(pb.ip_version, (4, 6))
+    tcp = ((pb.l4_proto == 6) & (pb.l4_off >= 0) & np.isin(pb.ip_version, (4, 6))).tolist()
     key = [(int(v), bytes(s), bytes(d), int(a), int(b)) for v, s, d, a, b in
            zip(pb.ip_version, pb.src, pb.dst, pb.sport, pb.dport, strict=True)]
     rev = [(v, d, s, b, a) for v, s, d, a, b in key]
     plen, seq, ack, ts = (x.astype(np.int64).tolist() for x in (pb.tcp_payload_len, pb.tcp_seq, pb.tcp_ack,
                                                               pb.ts_ns))
-    isack = ((pb.tcp_flags & 0x10) != 0) & tcp
+    isack = ((pb.tcp_flags & 0x10) != 0).tolist()
     nosack = (pb.tcp_sack_blocks == 0).tolist()
 
     def after(a: int, b: int) -> bool:
         d = (a - b) % 2**32
         return 0 < d < 2**31
 
-    taken: dict = {}  # per direction: the last segment taken (row, end)
-    counts = [False] * n
-    for r in range(n):
-        if tcp[r] and plen[r] > 0:
-            k, end = key[r], (seq[r] + plen[r]) % 2**32
-            prev = taken.get(k)
-            if prev is not None and r - prev[0] > window:
-                prev = None
-            if prev is None or after(end, prev[1]):
-                taken[k] = (r, end)
-                counts[r] = True
-    accepted = [False] * n  # ACKs that advance their direction's number (the scan's CA), as seen by the scan
-    last: dict = {}
-    seen: set = set()
-    for r in range(n):
-        if tcp[r] and plen[r] > 0:
-            seen.add(key[r])
-        if isack[r] and rev[r] in seen:
-            k = rev[r]
-            if k not in last or after(ack[r], last[k]):
-                last[k] = ack[r]
-                accepted[r] = True
+    st: dict = {}  # direction -> {"wait": [rows], "ack": int|None, "lag": int|None, "last_t", "taken": (row, end)}
     out = [0] * n
-    for i in range(n):
-        if not counts[i]:
+
+    def expire(d: dict, r: int) -> None:
+        d["wait"] = [x for x in d["wait"] if r - x <= window]
+
+    for r in range(n):
+        if not tcp[r]:
             continue
-        end = (seq[i] + plen[i]) % 2**32
-        for j in range(i + 1, min(n, i + window + 1)):
-            if accepted[j] and rev[j] == key[i]:
-                if not after(end, ack[j]):
-                    break  # covered (by any ACK that advances): no later ACK counts
-                if nosack[j]:
-                    if ts[j] - ts[i] > max_ns:
-                        break
-                    out[i] = ts[j]
+        if isack[r] and rev[r] in st:
+            d = st[rev[r]]
+            expire(d, r)
+            if d["ack"] is None or after(ack[r], d["ack"]):
+                d["ack"] = ack[r]
+                covered = [x for x in d["wait"] if not after((seq[x] + plen[x]) % 2**32, ack[r])]
+                if covered:
+                    lag = ts[r] - ts[covered[-1]]
+                    if lag >= 0 and (d["lag"] is None or lag < d["lag"]):
+                        d["lag"] = lag
+                d["wait"] = d["wait"][len(covered):]
+                if nosack[r]:
+                    while d["wait"] and ts[r] - ts[d["wait"][0]] > max_ns:
+                        d["wait"].pop(0)
+                    if d["lag"] is not None:
+                        for x in d["wait"]:
+                            out[x] = ts[r] - d["lag"]
+        if plen[r] > 0:
+            d = st.setdefault(key[r], {"wait": [], "ack": None, "lag": None, "last_t": None, "taken": None})
+            expire(d, r)
+            if d["last_t"] is not None and ts[r] - d["last_t"] > max_ns:
+                d["lag"] = None
+            d["last_t"] = ts[r]
+            end = (seq[r] + plen[r]) % 2**32
+            tk = d["taken"]
+            if tk is None or r - tk[0] > window or after(end, tk[1]):
+                d["taken"] = (r, end)
+                d["wait"].append(r)
     return out
 
 
@@ -380,3 +385,46 @@ def test_two_late_segments_at_once(tmp_path):
     ev = AckEvidence()
     *_, e = (ev.push(pb) + ev.finish())[0]
     assert e.move.tolist() == [-1, -1, -1, 6, -1, -1, -1, 8, -1, -1, -1, -1, -1, -1]
+
+
+def _rtt_capture(tmp_path: Path, name: str, ack_times: list[tuple[int, int]]) -> Path:
+    """Twelve 100-byte segments, six at 0-5 us and six at 35-40 us (a 30 us idle gap: a poll end by the gap
+    rule), and the receiver's ACKs at the given (time us, acknowledged segments) as seen at the sender."""
+    from tests.craft import MAC
+
+    def frame(rev: bool, seq: int, ack: int, plen: int) -> bytes:
+        ip = bytearray(ipv4(20 + plen))
+        if rev:
+            ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
+        sp, dp = (5201, 40000) if rev else (40000, 5201)
+        return (MAC[6:] + MAC[:6] if rev else MAC) + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack) + b"x" * plen
+
+    recs = [(t, frame(False, 1000 + 100 * k, 1, 100)) for k, t in enumerate([0, 1, 2, 3, 4, 5, 35, 36, 37, 38, 39, 40])]
+    recs += [(t, frame(True, 1, 1000 + 100 * n, 0)) for t, n in ack_times]
+    recs.sort(key=lambda x: x[0])
+    return write_pcap(tmp_path / name, [f for _, f in recs], times_us=[t for t, _ in recs])
+
+
+def _busy_rows(path: Path) -> tuple[list[int], list[int]]:
+    """(busy - next packet's time, in us, of the sixth segment; the engine's super-packet sizes fed the
+    segments with their busy times and no other evidence)."""
+    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    data = np.flatnonzero(pb.tcp_payload_len > 0)
+    seg = pb.take(data)
+    lead = int(e.busy[data[5]] - seg.ts_ns[6]) // 1000
+    eng = GRO_ENGINES["compiled"](GroConfig(gro_max_size=185000))
+    rows = SuperPacketBatch.concat([eng.feed(seg, np.zeros(len(seg), np.int64), busy=e.busy[data]), eng.flush()])
+    return lead, rows.n_segments.tolist()
+
+
+def test_an_ack_on_its_way_back_is_not_busy_evidence(tmp_path):
+    """A sender capture 100 us of round trip from an idle receiver: the receiver's ACKs for the first burst
+    reach the capture after the second burst was sent, yet it had been handed everything; less the shortest lag
+    (100 us) they were sent long before the second burst, and the gap still ends the poll. With a receiver that
+    is really behind (ACKs far later than that lag), the gap does not."""
+    idle = _rtt_capture(tmp_path, "idle.pcap", [(101, 2), (103, 4), (105, 6), (137, 8), (139, 10), (141, 12)])
+    assert _busy_rows(idle) == (3 - 35, [6, 6])  # s6's last uncovering ACK (103 us) was sent by 3 us
+    behind = _rtt_capture(tmp_path, "behind.pcap", [(101, 2), (180, 4), (190, 6), (200, 8), (210, 12)])
+    assert _busy_rows(behind) == (80 - 35, [12])  # the ACK at 180 us was sent by 80 us: still busy at 35 us
