@@ -804,8 +804,8 @@ class CompiledGroEngine:
         O = self._out(n + self.held)
         self._K[0] = 0
         nxt = next_same_compiled(gids) if len(ak) else _NO_NEXT
-        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, bz, nxt, self._S, self._D, self._Q, self._B, self._C, O,
-             self._K)
+        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, bz, nxt, self._S, self._D, self._Q, self._B, self._C,
+             O, self._K)
         return self._take(O)
 
     def flush(self) -> SuperPacketBatch:

@@ -606,20 +606,22 @@ def _receivers(receiver: np.ndarray | None, batch: PacketBatch) -> np.ndarray:
     return rx.astype(np.int64, copy=False)
 
 
+def _per_packet(values: np.ndarray, n: int, name: str) -> np.ndarray:
+    """One of ``feed``'s optional columns as an array; ValueError unless one entry per packet."""
+    a = np.asarray(values)
+    if a.shape != (n,):
+        raise ValueError(f"{name} must have one entry per packet: shape {a.shape}, {n} packets")
+    return a
+
+
 def _busy_times(busy: np.ndarray, n: int) -> np.ndarray:
     """``feed``'s busy column as int64 ns; ValueError unless one entry per packet."""
-    bz = np.asarray(busy)
-    if bz.shape != (n,):
-        raise ValueError(f"busy must have one entry per packet: shape {bz.shape}, {n} packets")
-    return bz.astype(np.int64, copy=False)
+    return _per_packet(busy, n, "busy").astype(np.int64, copy=False)
 
 
 def _poll_marks(poll_start: np.ndarray | None, n: int) -> np.ndarray | None:
     """``feed``'s poll_start column as uint8 (0/1), or None; ValueError unless one entry per packet."""
     if poll_start is None:
         return None
-    ps = np.asarray(poll_start)
-    if ps.shape != (n,):
-        raise ValueError(f"poll_start must have one entry per packet: shape {ps.shape}, {n} packets")
-    return (ps != 0).astype(np.uint8)
+    return (_per_packet(poll_start, n, "poll_start") != 0).astype(np.uint8)
 

@@ -19,11 +19,11 @@ after the next packet of the receiver's queue had arrived, means the stack had n
 then, so the NAPI poll that took it was still running and an idle gap before the next packet did not end it
 (``rules.busy_poll_continues``). ``busy_scan`` gives each data segment the time of the latest such ACK, less
 the shortest ACK lag its flow direction has shown, which bounds the round trip between the capture point and
-the receiver (``busy``: when the receiver sent that ACK at the latest; 0 when none): ACKs of the reverse direction that advance the acknowledged number, carry no SACK
-block (a SACK or duplicate ACK says a segment is missing, not that the receiver is busy), come at most
-``WINDOW`` rows and ``BUSY_MAX_NS`` after the segment and do not cover its end. Retransmitted or reordered
-segments (an end not after the flow's last one) get none. Sans-IO: batches in, flagged batches out, the
-window held.
+the receiver (``busy``: when the receiver sent that ACK at the latest; 0 when none). Such ACKs are of the
+reverse direction, advance the acknowledged number, carry no SACK block (a SACK or duplicate ACK says a segment
+is missing, not that the receiver is busy), come at most ``WINDOW`` rows and ``BUSY_MAX_NS`` after the segment
+and do not cover its end. Retransmitted or reordered segments (an end not after the flow's last one) get none.
+Sans-IO: batches in, flagged batches out, the window held.
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, 
                 if k == absent:
                     absent = _NO_KEY
     ST[0] = gen
+
 
 @njit(cache=True, inline="always")
 def _seq_after(a, b):
@@ -331,6 +332,7 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
                     x = NXT[x & rmask]
     ST[0] = gen
 
+
 # How far after a segment its ACK may come and still count: a number of packets, not "the next batch", so the
 # flags do not depend on where batches happen to begin (they begin elsewhere in each part of a split run, and
 # wherever a read buffer ends). A delayed ACK comes within 40-200 ms; 65536 packets is more than that on a
@@ -411,7 +413,8 @@ class AckEvidence:
             busy_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
                       pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.ts_ns,
                       np.int64(self._rows), np.int64(self.window), np.int64(self._gshift), np.int64(BUSY_MAX_NS),
-                      self._CK, self._CU, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY, self._MOVE, self._BST)
+                      self._CK, self._CU, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
+                      self._MOVE, self._BST)
         if self._held:
             self._ahead += n
         self._held.append((pb, extra, self._rows))

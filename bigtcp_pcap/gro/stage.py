@@ -42,8 +42,8 @@ class GroStage:
         self.receivers = Receivers()
         self._evidence = AckEvidence() if config.ack_evidence else None
         self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
-        self._carry: list[tuple[float, PacketBatch, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]] = []
-        # late segments waiting for the batch that holds the row they go after: (key, row, fid, rx, acked, busy)
+        self._carry: list[tuple] = []  # late segments waiting for the batch that holds the row they go after,
+        # each a one-row (key, PacketBatch, fid, rx, acked, busy) group (``_take``)
         self.late_segments = 0  # segments fed where the receiver got them (after later data), so far
 
     @property
@@ -95,35 +95,30 @@ class GroStage:
         return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)
 
     def _feed(self, pb: PacketBatch, fid: np.ndarray, rx: np.ndarray | None, acked: np.ndarray, ev) -> SuperPacketBatch:
-        n = len(pb)
-        r1 = ev.row0 + n
         moved = ev.move >= 0
         if not moved.any() and not self._carry:
             return self.engine.feed(pb, fid, acked=acked, receiver=rx, busy=ev.busy)
         self.late_segments += int(np.count_nonzero(moved))
+        r1 = ev.row0 + len(pb)
         key = np.arange(ev.row0, r1, dtype=np.float64)
         key[moved] = ev.move[moved] + 0.5  # after the row it reached the receiver behind
         later = key >= r1
-        for i in np.flatnonzero(later).tolist():
-            self._carry.append((float(key[i]), pb.take(np.array([i])), fid[i:i + 1],
-                                None if rx is None else rx[i:i + 1], acked[i:i + 1], ev.busy[i:i + 1]))
-        keep = ~later
-        parts = [(key[keep], pb.take(keep), fid[keep], None if rx is None else rx[keep], acked[keep], ev.busy[keep])]
-        here = [c for c in self._carry if c[0] < r1]
-        self._carry = [c for c in self._carry if c[0] >= r1]
-        parts += [(np.array([c[0]]), *c[1:]) for c in here]
-        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
-        b = PacketBatch.concat([p[1] for p in parts]).take(order)
-        f = np.concatenate([p[2] for p in parts])[order]
-        r = None if rx is None else np.concatenate([p[3] for p in parts])[order]
-        a = np.concatenate([p[4] for p in parts])[order]
-        z = np.concatenate([p[5] for p in parts])[order]
+        rows = (key, pb, fid, rx, acked, ev.busy)
+        self._carry += [_take(rows, np.array([i])) for i in np.flatnonzero(later).tolist()]
+        return self._feed_carried(r1, [_take(rows, ~later)])
+
+    def _feed_carried(self, upto: float, parts: list | None = None) -> SuperPacketBatch:
+        """Feed ``parts`` and the carried late segments whose key is below ``upto``, in key order."""
+        parts = (parts or []) + [c for c in self._carry if c[0][0] < upto]
+        self._carry = [c for c in self._carry if c[0][0] >= upto]
+        order = np.argsort(np.concatenate([c[0] for c in parts]), kind="stable")
+        b = PacketBatch.concat([c[1] for c in parts]).take(order)
+        f, a, z = (np.concatenate([c[j] for c in parts])[order] for j in (2, 4, 5))
+        r = None if parts[0][3] is None else np.concatenate([c[3] for c in parts])[order]
         return self.engine.feed(b, f, acked=a, receiver=r, busy=z)
 
-    def _feed_carried(self, upto: float) -> SuperPacketBatch:
-        here = sorted((c for c in self._carry if c[0] < upto), key=lambda c: c[0])
-        self._carry = [c for c in self._carry if c[0] >= upto]
-        rx = None if here[0][3] is None else np.concatenate([c[3] for c in here])
-        return self.engine.feed(PacketBatch.concat([c[1] for c in here]), np.concatenate([c[2] for c in here]),
-                                acked=np.concatenate([c[4] for c in here]), receiver=rx,
-                                busy=np.concatenate([c[5] for c in here]))
+
+def _take(rows: tuple, idx: np.ndarray) -> tuple:
+    """Rows ``idx`` of a (key, PacketBatch, flow ids, receivers or None, acked, busy) group."""
+    key, pb, fid, rx, acked, busy = rows
+    return key[idx], pb.take(idx), fid[idx], None if rx is None else rx[idx], acked[idx], busy[idx]
