@@ -195,6 +195,7 @@ class _Run:
             except OSError as e:
                 self.reader.src.close()
                 raise OutputError.from_os(str(self.out), e, "cannot make the output directory") from None
+        self.audits.spill_dir = self.out  # the per-frame audit rows beyond what is kept in memory go there
         idle, close = flow_timeouts_s
         self.flows = FlowTable(idle_timeout_ns=round(idle * 1e9), close_timeout_ns=round(close * 1e9))
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
@@ -308,7 +309,8 @@ class _Run:
         self.audit_results = self.audits.finish()
         sink_audit = self.open_sink("filter_audit")  # always written, empty when clean
         for r in self.audit_results:
-            sink_audit.write(audit_rows(r))
+            for t in audit_rows(r):
+                sink_audit.write(t)
 
     def abort(self) -> None:
         for sink in self.sinks.values():

@@ -113,6 +113,18 @@ class AuditResult:
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # the capture could not be read to its end; counts cover the frames before
     frames_skipped: int = 0  # candidates_only: frames not run through the filter (their verdict is ok by construction)
+    spill: _Spill | None = field(default=None, repr=False)  # the rows before ``frame``..``truth_match``, when spilled
+
+    def chunks(self) -> Iterable[tuple[np.ndarray, ...]]:
+        """The per-frame rows in frame order as (frame, verdict, reason, raw_match, truth_match) chunks: those
+        the audit spilled to disk (``FilterAudit(spill_dir=...)``), then the ones in memory."""
+        if self.spill is not None:
+            yield from self.spill.chunks()
+        yield self.frame, self.verdict, self.reason, self.raw_match, self.truth_match
+
+    def _all(self) -> tuple[np.ndarray, ...]:
+        parts = list(self.chunks())
+        return tuple(np.concatenate([p[j] for p in parts]) for j in range(5)) if len(parts) > 1 else parts[0]
 
     @property
     def clean(self) -> bool:
@@ -125,9 +137,10 @@ class AuditResult:
         return self.not_audited_frames == 0
 
     def misclassified_frames(self) -> list[dict]:
-        idx = np.flatnonzero(self.verdict != OK)
-        return [{"frame": int(self.frame[i]), "verdict": VERDICT_NAMES[self.verdict[i]],
-                 "reason": REASON_NAMES[self.reason[i]]} for i in idx]
+        frame, verdict, reason, _, _ = self._all()
+        idx = np.flatnonzero(verdict != OK)
+        return [{"frame": int(frame[i]), "verdict": VERDICT_NAMES[verdict[i]],
+                 "reason": REASON_NAMES[reason[i]]} for i in idx]
 
     def to_json(self, frames: bool = True) -> dict:
         """One JSON-able document; ``frames`` lists only the mis-classified frames (all are in frames_table).
@@ -172,11 +185,45 @@ class AuditResult:
 
         from ..output import arrow as A
 
-        return pa.table({"frame": A.array(self.frame, pa.uint64()),
-                         "verdict": A.dictionary(self.verdict, VERDICT_NAMES),
-                         "reason": A.dictionary(self.reason, REASON_NAMES, mask=self.reason == R_NONE),
-                         "matched": A.array(self.raw_match, pa.bool_()), "truth": A.array(self.truth_match, pa.bool_())},
+        frame, verdict, reason, raw, truth = self._all()
+        return pa.table({"frame": A.array(frame, pa.uint64()),
+                         "verdict": A.dictionary(verdict, VERDICT_NAMES),
+                         "reason": A.dictionary(reason, REASON_NAMES, mask=reason == R_NONE),
+                         "matched": A.array(raw, pa.bool_()), "truth": A.array(truth, pa.bool_())},
                         metadata={b"bigtcp_pcap.filter": self.expr.encode()})
+
+
+class _Spill:
+    """Per-frame audit rows written to an unnamed temporary file (Arrow IPC stream) and read back in chunks."""
+
+    COLUMNS = ("frame", "verdict", "reason", "raw", "truth")
+
+    def __init__(self, directory: str | os.PathLike | None) -> None:
+        import tempfile
+
+        import pyarrow as pa
+
+        self.schema = pa.schema([("frame", pa.uint64()), ("verdict", pa.uint8()), ("reason", pa.uint8()),
+                                 ("raw", pa.bool_()), ("truth", pa.bool_())])
+        self.file = tempfile.TemporaryFile(dir=directory, prefix=".bigtcp-audit-")  # gone when closed
+        self._writer = pa.ipc.new_stream(self.file, self.schema)
+        self.rows = 0
+
+    def write(self, cols: tuple[np.ndarray, ...]) -> None:
+        import pyarrow as pa
+
+        self._writer.write_batch(pa.record_batch(list(cols), schema=self.schema))
+        self.rows += len(cols[0])
+
+    def chunks(self) -> Iterable[tuple[np.ndarray, ...]]:
+        import pyarrow as pa
+
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.file.seek(0)
+        for b in pa.ipc.open_stream(self.file):
+            yield tuple(b.column(j).to_numpy(zero_copy_only=False) for j in range(len(self.COLUMNS)))
 
 
 class _Candidate:
@@ -310,10 +357,18 @@ class FilterAudit:
     the expression does not compile for a linktype met.
     """
 
+    SPILL_ROWS = 1 << 18  # with ``spill_dir``: per-frame rows kept in memory before they go to the spill file
+
     def __init__(self, expr: str, snaplen: int = DEFAULT_SNAPLEN, suggest: bool = True,
-                 candidates_only: bool = False):
+                 candidates_only: bool = False, spill: bool = False, spill_dir: str | os.PathLike | None = None):
+        """``spill``: keep at most ``SPILL_ROWS`` per-frame rows in memory and write the others to an unnamed
+        temporary file in ``spill_dir`` (None: the system's temporary directory; ``AuditResult.chunks`` reads
+        them back), so memory does not grow with the capture (``analyze`` spills into its output directory)."""
         load_libpcap()
         self.expr = expr
+        self._spill_on, self._spill_dir = spill, spill_dir
+        self._spill: _Spill | None = None
+        self._kept = 0  # per-frame rows in memory
         # candidates_only: run libpcap only on the frames a BIG TCP encoding or an extension header can affect
         # (and on IPv6 frames for tcp[]/udp[] indexing); every other frame gives the same verdict on its raw and
         # normalized form, so misses and false matches are complete while matched/truth cover those frames only
@@ -342,6 +397,9 @@ class FilterAudit:
         self._reason: list[np.ndarray] = []
         self._raw: list[np.ndarray] = []
         self._truth: list[np.ndarray] = []
+        self._n_missed = 0
+        self._n_false = 0
+        self._reason_counts = np.zeros(len(REASON_NAMES), np.int64)  # of the missed and falsely matched frames
         self._n_alt_truth = 0  # raw-header expressions: the normalized copy's verdicts, side by side
         self._n_alt_missed = 0
         self._n_alt_false = 0
@@ -448,6 +506,16 @@ class FilterAudit:
         self._raw.append(raw[keep])
         self._truth.append(truth[keep])
         bad = np.flatnonzero((verdict == MISSED) | (verdict == FALSE_MATCH))
+        self._n_missed += int(np.count_nonzero(verdict == MISSED))
+        self._n_false += int(np.count_nonzero(verdict == FALSE_MATCH))
+        self._reason_counts += np.bincount(reason[bad], minlength=len(REASON_NAMES))[:len(REASON_NAMES)]
+        self._kept += int(np.count_nonzero(keep))
+        if self._spill_on and self._kept >= self.SPILL_ROWS:
+            if self._spill is None:
+                self._spill = _Spill(self._spill_dir)
+            self._spill.write(self._joined_rows())
+            self._frames, self._verdict, self._reason, self._raw, self._truth = [], [], [], [], []
+            self._kept = 0
         if bad.size:
             self._tally.add(pb, bad, b.flow_groups(), missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
 
@@ -481,16 +549,13 @@ class FilterAudit:
             self.filters.for_linktype(1)
         elif not self._compiled_any and self.rejected:
             raise next(iter(self.rejected.values()))
-        cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))
-        frame, verdict, reason = cat(self._frames, np.uint64), cat(self._verdict, np.uint8), cat(self._reason, np.uint8)
-        raw, truth = cat(self._raw, bool), cat(self._truth, bool)
-        codes, counts = np.unique(reason[(verdict == MISSED) | (verdict == FALSE_MATCH)], return_counts=True)
-        reasons = Counter({REASON_NAMES[int(r)]: int(c) for r, c in zip(codes, counts)})
+        frame, verdict, reason, raw, truth = self._joined_rows()
+        reasons = Counter({REASON_NAMES[r]: int(c) for r, c in enumerate(self._reason_counts.tolist()) if c})
         res = AuditResult(
             expr=self.expr, linktypes=sorted(self._linktypes), frames_total=self._n_frames,
-            matched=self._n_raw, truth=self._n_truth, missed=int((verdict == MISSED).sum()),
-            false_matches=int((verdict == FALSE_MATCH).sum()), not_audited_frames=self._n_not_audited,
-            reasons=dict(reasons.most_common()),
+            matched=self._n_raw, truth=self._n_truth, missed=self._n_missed,
+            false_matches=self._n_false, not_audited_frames=self._n_not_audited,
+            reasons=dict(reasons.most_common()), spill=self._spill,
             flows=self._flows(), frame=frame, verdict=verdict, reason=reason, raw_match=raw, truth_match=truth,
             not_audited={k: v for k, v in self._not_audited.items() if v}, notes=list(dict.fromkeys(self.notes)),
             frames_skipped=self._n_skipped,
@@ -544,6 +609,16 @@ class FilterAudit:
             res.notes.append(f"alternative (verified, but protochain is userland-only on Linux: the kernel rejects "
                              f"its backward jump): {res.alternative}")
         res.notes.extend(u for c in (main,) for u in c.unsupported if u not in res.notes)
+
+    def _joined_rows(self) -> tuple[np.ndarray, ...]:
+        """The per-frame rows in memory as (frame, verdict, reason, raw, truth), each list joined into one array."""
+        cols = []
+        for name, dt in (("_frames", np.uint64), ("_verdict", np.uint8), ("_reason", np.uint8), ("_raw", bool),
+                         ("_truth", bool)):
+            xs = getattr(self, name)
+            cols.append(np.concatenate(xs) if xs else np.zeros(0, dt))
+            setattr(self, name, [cols[-1]] if xs else [])
+        return tuple(cols)
 
     def _flows(self) -> list[FlowImpact]:
         return [FlowImpact(**r) for r in self._tally.rows()]

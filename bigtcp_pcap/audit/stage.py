@@ -32,9 +32,13 @@ def busiest_port(pb: PacketBatch) -> int | None:
 class FilterAudits:
     """The filter audits of one ``analyze`` run: started on the first batch, fed every batch, finished once."""
 
-    def __init__(self, filters: list[str] | None, enabled: bool = True, default_port: int | None = None):
+    def __init__(self, filters: list[str] | None, enabled: bool = True, default_port: int | None = None,
+                 spill_dir=None):
         """``default_port``: the default audit's ``tcp port P`` chosen elsewhere (a split run's parts take the
-        whole capture's first batch's; -1: none), instead of from this run's first batch."""
+        whole capture's first batch's; -1: none), instead of from this run's first batch. ``spill_dir``: where
+        the audits write the per-frame rows they do not keep in memory (``FilterAudit``; None: the system's
+        temporary directory)."""
+        self.spill_dir = spill_dir
         self.explicit = filters is not None
         self.default_port = default_port
         self.exprs = list(filters) if filters else []
@@ -57,7 +61,8 @@ class FilterAudits:
             self.exprs = exprs
         try:
             # the default audit looks only at the frames BIG TCP can affect (fast); explicit filters get all frames
-            self.audits = [FilterAudit(e, candidates_only=not self.explicit) for e in exprs]
+            self.audits = [FilterAudit(e, candidates_only=not self.explicit, spill=True, spill_dir=self.spill_dir)
+                           for e in exprs]
         except LibpcapMissing as e:
             if self.explicit:
                 raise UsageError(str(e)) from None

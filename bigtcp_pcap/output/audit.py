@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 
-from ..audit.cbpf import OK
+from ..audit.cbpf import OK, R_NONE, REASON_NAMES, VERDICT_NAMES
 from . import arrow as A
 
 AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.string()),
@@ -13,11 +15,14 @@ AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.string()),
                           ("reason", pa.dictionary(pa.int8(), pa.string()))])
 
 
-def audit_rows(result) -> pa.Table:
-    """Rows of filter_audit.parquet for one expression: the frames whose verdict is not ok."""
-    t = result.frames_table()
-    bad = np.asarray(result.verdict) != OK
-    if not bad.all():  # the audit keeps only frames that are not ok; Table.filter imports pyarrow.compute
-        t = t.filter(A.array(bad, pa.bool_()))
-    return pa.table({"frame": t.column("frame"), "filter": A.repeat_string(result.expr, t.num_rows),
-                     "verdict": t.column("verdict"), "reason": t.column("reason")}, schema=AUDIT_SCHEMA)
+def audit_rows(result) -> Iterator[pa.Table]:
+    """Rows of filter_audit.parquet for one expression, in chunks (``AuditResult.chunks``: those the audit
+    spilled to disk, then those in memory): the frames whose verdict is not ok."""
+    for frame, verdict, reason, _, _ in result.chunks():
+        bad = np.asarray(verdict) != OK  # the audit keeps only frames that are not ok
+        if not bad.all():
+            frame, verdict, reason = frame[bad], verdict[bad], reason[bad]
+        if len(frame):
+            yield pa.table({"frame": A.array(frame, pa.uint64()), "filter": A.repeat_string(result.expr, len(frame)),
+                            "verdict": A.dictionary(verdict, VERDICT_NAMES),
+                            "reason": A.dictionary(reason, REASON_NAMES, mask=reason == R_NONE)}, schema=AUDIT_SCHEMA)
