@@ -203,8 +203,9 @@ class _Spill:
 
         import pyarrow as pa
 
+        # (the flags as uint8: numeric columns come back as numpy views without pandas, which bool would import)
         self.schema = pa.schema([("frame", pa.uint64()), ("verdict", pa.uint8()), ("reason", pa.uint8()),
-                                 ("raw", pa.bool_()), ("truth", pa.bool_())])
+                                 ("raw", pa.uint8()), ("truth", pa.uint8())])
         self.file = tempfile.TemporaryFile(dir=directory, prefix=".bigtcp-audit-")  # gone when closed
         self._writer = pa.ipc.new_stream(self.file, self.schema)
         self.rows = 0
@@ -212,7 +213,10 @@ class _Spill:
     def write(self, cols: tuple[np.ndarray, ...]) -> None:
         import pyarrow as pa
 
-        self._writer.write_batch(pa.record_batch(list(cols), schema=self.schema))
+        from ..output import arrow as A  # (pa.record_batch on numpy arrays imports pandas: ~50 MiB)
+
+        self._writer.write_batch(pa.record_batch([A.array(np.asarray(c).view(f.type.to_pandas_dtype()), f.type)
+                                                  for c, f in zip(cols, self.schema, strict=True)], schema=self.schema))
         self.rows += len(cols[0])
 
     def chunks(self) -> Iterable[tuple[np.ndarray, ...]]:
@@ -222,8 +226,12 @@ class _Spill:
             self._writer.close()
             self._writer = None
         self.file.seek(0)
-        for b in pa.ipc.open_stream(self.file):
-            yield tuple(b.column(j).to_numpy(zero_copy_only=False) for j in range(len(self.COLUMNS)))
+        for b in pa.ipc.open_stream(self.file):  # numpy views of the columns' data buffers (no nulls here);
+            # Array.to_numpy would import pandas
+            frame, verdict, reason, raw, truth = (
+                np.frombuffer(c.buffers()[1], f.type.to_pandas_dtype(), count=len(c), offset=c.offset * f.type.bit_width // 8)
+                for c, f in zip(b.columns, self.schema, strict=True))
+            yield frame, verdict, reason, raw.view(bool), truth.view(bool)
 
 
 class _Candidate:
