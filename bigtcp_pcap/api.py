@@ -299,7 +299,11 @@ class _Run:
     def finish(self) -> None:
         """The rows the stages still hold, the capture's notes, and the filter-audit table."""
         self.emit_superpackets(self.gro_stage.finish())
+        # the stream's state is done with: freed before the last flow rows, the audit table, the summary and
+        # the what-if runs, which would otherwise stack their memory on top of it
+        self.gro_stage.release()
         self.emit_flows(self.flows.expire(0, everything=True))
+        self.flows.release()
         if not self.sink_findings.failed:
             _suspect_filtered_capture(self.flow_sum, self.stats, self.sink_findings)
             notes = self.info.notes.rows()

@@ -801,6 +801,13 @@ class FlowTable:
                                 self.EN, self.FREE, self.ZL, self.ST, fid, i, room))
         return fid
 
+    def release(self) -> None:
+        """After ``expire(everything=True)`` (every row written): shrink the emptied table to its starting size;
+        ``len`` (the flows seen) stays."""
+        seen = len(self)
+        self.__init__(self.idle_timeout_ns, self.close_timeout_ns)
+        self.ST[S_NEXT_ID] = seen
+
     def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray) -> None:
         """Count rebuilt super-packets (GRO rows) toward their flows' super-packet columns."""
         fids = np.ascontiguousarray(flow_id, np.int64)

@@ -67,6 +67,14 @@ class GroStage:
         parts.append(self.engine.flush())
         return SuperPacketBatch.concat(parts)
 
+    def release(self) -> None:
+        """After ``finish``: drop the engine's and the evidence's state (flow keys, tables, rings), which only
+        further feeds would use, so that what runs after the stream (the summary, the what-if runs) does not
+        stack its memory on top of it. ``labels`` and ``late_segments`` stay."""
+        self.engine = None
+        self._evidence = None
+        self.last_receivers = None
+
     def held_flow_ids(self) -> np.ndarray:
         """Flow ids of the entries the engine holds (their super-packet rows are still to come; ids may repeat)."""
         return self.engine.held_flow_ids()
