@@ -17,8 +17,8 @@ Three parts, all fed batch by batch from ``analyze()`` (bounded memory) and fini
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -165,7 +165,7 @@ class SuperPacketTally:
         self._rows += n
         obs = spb.source == SOURCE_OBSERVED
         if obs.any() and self._obs_rows < OBSERVED_MAX_ROWS:
-            # kept in their own (narrow) types, ~23 bytes a row; widened once in observed()
+            # kept in their own (narrow) types, ~23 bytes a row (observed())
             self._obs.append((fid[obs], spb.ip_version[obs], spb.l3_len[obs], spb.n_segments[obs],
                               spb.payload_len[obs], spb.tcp_flags[obs]))
             self._obs_rows += int(obs.sum())
@@ -185,15 +185,13 @@ class SuperPacketTally:
         sel = sel[np.argsort(first[sel], kind="stable")]
         return {R.REASON_NAMES[int(code[i]) - 64]: int(sums[i, 0]) for i in sel}
 
-    def observed(self) -> dict[str, np.ndarray]:
-        """Columns of the kept observed rows: flow_id, ip_version, l3_len, n_segments, payload_len, tcp_flags, in
-        their own narrow types (callers widen what they select: ~1 M rows would be 48 MiB as int64)."""
-        names = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
-        if not self._obs:
-            return {n: np.zeros(0, np.int64) for n in names}
-        if len(self._obs) > 1:  # joined once (the inference and the diagnosis both read them)
-            self._obs = [tuple(np.concatenate([o[i] for o in self._obs]) for i in range(len(names)))]
-        return dict(zip(names, self._obs[0], strict=True))
+    OBSERVED_COLUMNS = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
+
+    def observed(self) -> list[dict[str, np.ndarray]]:
+        """The kept observed rows as chunks (one per batch, in order) of columns flow_id, ip_version, l3_len,
+        n_segments, payload_len, tcp_flags in their own narrow types: never joined (~1 M rows would be 23 MiB
+        more, 48 MiB as int64); callers widen what they select, a chunk at a time."""
+        return [dict(zip(self.OBSERVED_COLUMNS, o, strict=True)) for o in self._obs]
 
 
 @dataclass
@@ -204,6 +202,7 @@ class WhatIfInput:
     batches: list[tuple[PacketBatch, np.ndarray, np.ndarray | None]] = field(default_factory=list)
     kept: int = 0
     seen: int = 0
+    _acked: np.ndarray | None = None  # the kept packets' ACK evidence (gro/evidence.py), made at the first run
 
     def add(self, pb: PacketBatch, fid: np.ndarray, receivers: np.ndarray | None = None) -> None:
         """Keep (a prefix of) this batch while the budget lasts, with its receiver index per packet (the GRO
@@ -219,6 +218,8 @@ class WhatIfInput:
         self.batches.append((pb, np.asarray(fid).copy(), None if receivers is None else receivers.copy()))
         self.kept += len(pb)
 
+    FEED_ROWS = 1 << 14  # the engine is fed the kept packets this many at a time (its buffers follow the feed)
+
     def run(self, cfg: GroConfig, engine: str = "compiled") -> SuperPacketBatch:
         """The super-packets the GRO stage builds from the kept packets with ``cfg`` (observed rows labelled):
         the same receivers and ACK evidence as the full run (gro/stage.py)."""
@@ -226,15 +227,35 @@ class WhatIfInput:
 
         if not self.batches:
             return SuperPacketBatch.empty(0)
-        pb = PacketBatch.concat([b for b, _, _ in self.batches])
-        fid = np.concatenate([f for _, f, _ in self.batches])
-        rx = None
-        if cfg.split_receivers and all(r is not None for _, _, r in self.batches):
-            rx = np.concatenate([r for _, _, r in self.batches])
-        acked = acked_ends(pb) if cfg.ack_evidence else None
+        if len(self.batches) > 1:  # joined once, for every what-if run
+            self.batches = [(_join_releasing([b for b, _, _ in self.batches]),
+                             np.concatenate([f for _, f, _ in self.batches]),
+                             None if any(r is None for _, _, r in self.batches)
+                             else np.concatenate([r for _, _, r in self.batches]))]
+        pb, fid, rx = self.batches[0]
+        rx = rx if cfg.split_receivers else None
+        if cfg.ack_evidence and self._acked is None:
+            self._acked = acked_ends(pb)
+        acked = self._acked if cfg.ack_evidence else None
         eng = make_engine(engine, cfg)
-        out = [eng.feed(pb, fid, acked=acked, receiver=rx), eng.flush()]
+        out = []
+        for s in range(0, len(pb), self.FEED_ROWS):  # the engine's rows do not depend on how its input is split
+            e = s + self.FEED_ROWS
+            out.append(eng.feed(pb.take(slice(s, e)), fid[s:e], acked=None if acked is None else acked[s:e],
+                                receiver=None if rx is None else rx[s:e]))
+        out.append(eng.flush())
         return label_observed(SuperPacketBatch.concat(out))
+
+
+def _join_releasing(batches: list[PacketBatch]) -> PacketBatch:
+    """``PacketBatch.concat``, dropping each column from the parts once it is joined (the parts are not used
+    again), so the join does not hold two copies of every column at once."""
+    cols = {}
+    for f in fields(PacketBatch):
+        cols[f.name] = np.concatenate([getattr(b, f.name) for b in batches])
+        for b in batches:
+            setattr(b, f.name, None)
+    return PacketBatch(**cols)
 
 
 def label_observed(spb: SuperPacketBatch) -> SuperPacketBatch:
@@ -247,8 +268,8 @@ def label_observed(spb: SuperPacketBatch) -> SuperPacketBatch:
 # --- what the observed sizes say about the capturing host -----------------------------------------------------
 def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int) -> dict[str, Any]:
     """Is the capture post-GRO (or TSO-side), the evidence, and the limits the observed sizes imply."""
-    obs = tally.observed()
-    n = int(obs["l3_len"].size)
+    chunks = tally.observed()
+    n = sum(int(c["l3_len"].size) for c in chunks)
     out: dict[str, Any] = {"post_gro": False, "observed_superpackets": n, "evidence": [], "host": [],
                            "contradictions": []}
     if n == 0:
@@ -258,38 +279,51 @@ def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int)
     out["post_gro"] = True
     out["kind"] = "post-GRO (or TSO-side)"
     share = n / max(1, payload_packets)
+    nseg_max = max(int(c["n_segments"].max()) for c in chunks if c["n_segments"].size)
+    l3_max = max(int(c["l3_len"].max()) for c in chunks if c["l3_len"].size)
     out["evidence"].append(f"{n:,} of {payload_packets:,} payload packets ({share:.0%}) already carry more than "
-                           "one MSS segment (observed super-packets, up to "
-                           f"{int(obs['n_segments'].max())} segments and {int(obs['l3_len'].max()):,} bytes of IP "
-                           "length)")
-    big = int((obs["l3_len"] > 65535).sum())
+                           f"one MSS segment (observed super-packets, up to {nseg_max} segments and {l3_max:,} "
+                           "bytes of IP length)")
+    big = sum(int((c["l3_len"] > 65535).sum()) for c in chunks)
     if big:
         out["evidence"].append(f"{big:,} of them exceed 64 KiB (BIG TCP encodings)")
     for ver in (6, 4):
-        sel = obs["ip_version"] == ver
-        if not sel.any():
+        if not any((c["ip_version"] == ver).any() for c in chunks):
             continue
-        out["host"].append(_infer_version(ver, *(obs[c][sel].astype(np.int64) for c in
-                                                 ("l3_len", "n_segments", "payload_len")),
-                                          tally.napi_weight, cfg, out["contradictions"]))
+
+        def parts(ver: int = ver) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            for c in chunks:  # widened a chunk at a time
+                sel = c["ip_version"] == ver
+                yield tuple(c[k][sel].astype(np.int64) for k in ("l3_len", "n_segments", "payload_len"))
+
+        out["host"].append(_infer_version(ver, parts, tally.napi_weight, cfg, out["contradictions"]))
     return out
 
 
-def _infer_version(ver: int, l3: np.ndarray, nseg: np.ndarray, pay: np.ndarray, weight: int, cfg: GroConfig,
+def _infer_version(ver: int, parts: Callable[[], Iterator[tuple[np.ndarray, ...]]], weight: int, cfg: GroConfig,
                    contradictions: list[str]) -> dict[str, Any]:
-    imax = int(np.argmax(l3))
-    lmax, smax = int(l3[imax]), int(nseg[imax])
-    mss = int(np.max(np.where(nseg > 0, (pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1), 0)))
+    """The host's limits for one IP version, from its observed rows: ``parts()`` yields them as (l3_len,
+    n_segments, payload_len) int64 chunks in capture order (twice: the share near 64 KiB needs the MSS first)."""
+    lmax, smax, mss, at_budget, nmax, count = -1, 0, 0, 0, 0, 0  # (lengths and counts are >= 0)
+    for l3, nseg, pay in parts():
+        if not l3.size:
+            continue
+        i = int(np.argmax(l3))
+        if int(l3[i]) > lmax:  # the first of the largest, as argmax over all rows
+            lmax, smax = int(l3[i]), int(nseg[i])
+        mss = max(mss, int(np.max(np.where(nseg > 0, (pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1), 0))))
+        at_budget += int((nseg == weight).sum())
+        nmax = max(nmax, int(nseg.max()))
+        count += l3.size
+    near64 = sum(int(((l3 < GRO_LEGACY_MAX_SIZE) & (l3 + mss >= GRO_LEGACY_MAX_SIZE)).sum()) for l3, _, _ in parts())
     knob = "gro_max_size" if ver == 6 else "gro_ipv4_max_size"
     limit = cfg.gro_max_size if ver == 6 else cfg.ipv4_limit
-    at_budget = int((nseg == weight).sum())
-    near64 = int(((l3 < GRO_LEGACY_MAX_SIZE) & (l3 + mss >= GRO_LEGACY_MAX_SIZE)).sum())
     d: dict[str, Any] = {"ip_version": ver, "largest_l3_len": lmax, "segments_of_largest": smax,
-                         "max_segments": int(nseg.max()), "at_napi_budget": at_budget, "mss": mss,
+                         "max_segments": nmax, "at_napi_budget": at_budget, "mss": mss,
                          "limit_at_least": lmax + 1}
     if smax >= weight and at_budget >= 2:
         d["stops_at"] = "napi_budget"
-        d["text"] = (f"IPv{ver}: super-packets stop at {weight} segments ({at_budget:,} of {nseg.size:,} have "
+        d["text"] = (f"IPv{ver}: super-packets stop at {weight} segments ({at_budget:,} of {count:,} have "
                      f"exactly {weight}, the largest {lmax:,} bytes): the NAPI budget at HZ < 1000, not "
                      f"{knob}; the host's {knob} is at least {lmax + 1:,}")
     elif lmax < GRO_LEGACY_MAX_SIZE and near64:
@@ -435,9 +469,11 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
     return d
 
 
-def _observed_ends(obs: dict[str, np.ndarray], fid: int, weight: int) -> dict[str, Any]:
-    sel = obs["flow_id"] == fid
-    nseg, l3, pay, flags = (obs[c][sel].astype(np.int64) for c in ("n_segments", "l3_len", "payload_len", "tcp_flags"))
+def _observed_ends(obs: list[dict[str, np.ndarray]], fid: int, weight: int) -> dict[str, Any]:
+    sels = [c["flow_id"] == fid for c in obs]
+    nseg, l3, pay, flags = (np.concatenate([np.zeros(0, np.int64)] + [c[k][sel].astype(np.int64) for c, sel in
+                                                                         zip(obs, sels, strict=True)])
+                            for k in ("n_segments", "l3_len", "payload_len", "tcp_flags"))
     if not nseg.size:
         return {"ends": {}, "ends_text": "sizes not kept"}
     mss = int(np.max((pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1)))

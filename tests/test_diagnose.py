@@ -137,3 +137,31 @@ def test_observed_label_keeps_segment_counts_of_the_capture():
     got = obs.n_segments.value_counts().to_dict()
     assert {int(k): int(v) for k, v in got.items()} == hist
     assert SOURCE_OBSERVED == 1
+
+
+@pytest.mark.parametrize("name,side", [("v6_185000", "rcv"), ("mixed_185000", "rcv"), ("v4_185000", "rcv"),
+                                       ("v6_185000", "snd")])
+def test_inference_and_what_ifs_do_not_depend_on_batches(name, side, monkeypatch):
+    """The observed rows are kept and read in per-batch chunks (never joined) and the what-if runs feed the engine
+    a few thousand rows at a time: 7-record batches and 5-row feeds give the default run's capture kind and
+    diagnosis, and the inferred host still admits the recorded kernel limits."""
+    from bigtcp_pcap import api
+    from bigtcp_pcap import diagnose as D
+    from bigtcp_pcap.capture.reader import CaptureReader
+    from bigtcp_pcap.gro import evidence
+
+    cap = KERNEL / f"{name}.{side}.pcap"
+    monkeypatch.setattr(evidence, "WINDOW", 40)  # (the ACK lookahead would hold a fixture's rows to its end)
+    whole = analyze(cap, audit=False).summary
+    chunks = []
+    real = D.infer_capture
+    monkeypatch.setattr(D, "infer_capture", lambda tally, *a: (chunks.append(len(tally.observed())), real(tally, *a))[1])
+    monkeypatch.setattr(api, "CaptureReader", lambda src, **kw: CaptureReader(src, batch_size=7, **kw))
+    monkeypatch.setattr(D.WhatIfInput, "FEED_ROWS", 5)
+    small = analyze(cap, audit=False).summary
+    assert (chunks[0] > 5) == (side == "rcv"), "the observed rows should come in many chunks"
+    assert small["capture_kind"] == whole["capture_kind"]
+    assert small["diagnosis"] == whole["diagnosis"]
+    assert whole["diagnosis"]["flows"], "the diagnosis should have flows to compare"
+    for host in small["capture_kind"]["host"]:
+        assert host["limit_at_least"] <= _limits(_recorded(name))[host["ip_version"]]
