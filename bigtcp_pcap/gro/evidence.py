@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._native import njit
+from ..buffers import lazy_zeros
 from ..decode.schema import TH_ACK, PacketBatch
 from ..flows.table import EMPTY, _digest, _fmix
 
@@ -377,23 +378,23 @@ class AckEvidence:
         self.window = int(WINDOW)
         self._gshift = max(4, (self.window - 1).bit_length())  # a generation: 2**gshift >= window rows
         size = 2 << self._gshift  # a generation's table: at most half full (one key per row at most)
-        self._TK = np.zeros(2 * size, np.uint64)  # generation parity p: slots p * size to (p + 1) * size
+        self._TK = lazy_zeros(2 * size, np.uint64)  # generation parity p: slots p * size to (p + 1) * size
         self._TV = np.full(2 * size, EMPTY, np.int64)
         self._TF = np.full(2 * size, -1, np.int64)
         self._ST = np.zeros(1, np.int64)  # the generation of the last row scanned
         # busy evidence (busy_scan): per flow direction, then rings by row
-        self._CK = np.zeros(2 * size, np.uint64)
-        self._CU = np.zeros(2 * size, np.uint8)
-        self._CS = np.zeros((2 * size, 8), np.int64)
+        self._CK = lazy_zeros(2 * size, np.uint64)
+        self._CU = lazy_zeros(2 * size, np.uint8)
+        self._CS = lazy_zeros((2 * size, 8), np.int64)
         self._BST = np.zeros(1, np.int64)
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
-        self._FLAG = np.zeros(ring, np.uint8)  # rings by row: every row not yet taken
-        self._PREV = np.zeros(ring, np.int64)
+        self._FLAG = lazy_zeros(ring, np.uint8)  # rings by row: every row not yet taken
+        self._PREV = lazy_zeros(ring, np.int64)
         self._NXT = np.full(ring, -1, np.int64)
-        self._END = np.zeros(ring, np.int64)
-        self._SEQR = np.zeros(ring, np.int64)
-        self._TSR = np.zeros(ring, np.int64)
-        self._BUSY = np.zeros(ring, np.int64)
+        self._END = lazy_zeros(ring, np.int64)
+        self._SEQR = lazy_zeros(ring, np.int64)
+        self._TSR = lazy_zeros(ring, np.int64)
+        self._BUSY = lazy_zeros(ring, np.int64)
         self._MOVE = np.full(ring, -1, np.int64)
         self._rows = 0  # rows scanned
         self._held: list[tuple[PacketBatch, Any, int]] = []  # (batch, extra, its first row)
