@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._native import njit
+from ..buffers import lazy_zeros
 from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_RST, TH_SYN, PacketBatch
 from ..output.arrow import array
 
@@ -714,8 +715,11 @@ class FlowTable:
         F[:old] = self.F
         KY = np.zeros((cap, NKY), np.uint64)
         KY[:old] = self.KY
-        H = np.zeros((cap, MAX_HOLES, 2), np.int64)
-        H[:old] = self.H
+        # holes are read only below a slot's F_NHOLES: only slots with holes are copied (the rest of the new
+        # table stays unmapped until a flow there has a hole)
+        H = lazy_zeros((cap, MAX_HOLES, 2), np.int64)
+        with_holes = np.flatnonzero(self.F[:, F_NHOLES] > 0)
+        H[with_holes] = self.H[with_holes]
         FREE_ = np.zeros(cap, np.int64)
         top = int(self.ST[S_FREE_TOP])
         FREE_[:top] = self.FREE[:top]

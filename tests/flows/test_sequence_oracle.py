@@ -113,3 +113,41 @@ def test_retransmissions_out_of_order_and_gaps_match_tshark(tmp_path, v6, dt_us)
     assert flows.retransmissions.sum() >= 4 and flows.out_of_order.sum() >= 2 and flows.capture_gap_bytes.sum() > 0
     tshark_ooo = sum(w["tshark_ooo"] for w in want.values())
     assert (tshark_ooo > 0) if dt_us == 10 else (tshark_ooo == 0)
+
+
+def test_open_holes_survive_the_table_growing(tmp_path, monkeypatch):
+    """Holes opened before the flow table grows (3,000 one-packet flows in between, read in 1,000-record batches:
+    the slots double twice) are still there when they are filled: the same counts as tshark's."""
+    from bigtcp_pcap import api
+    from bigtcp_pcap.capture.reader import CaptureReader
+    from bigtcp_pcap.flows.table import FlowTable
+
+    pk, times, t = [], [], 0
+    scen = [s for s in SCENARIOS if s[0] != "wraps_2_32"]
+    for part in ("head", "fillers", "tail"):
+        if part == "fillers":
+            for k in range(3000):
+                pk.append(_seg(20000 + k, 5000, 10))
+                times.append(t)
+                t += 10
+            continue
+        for _, sport, segs, _ in scen:
+            for seq, n, flags in (segs[:-1] if part == "head" else segs[-1:]):
+                pk.append(_seg(sport, seq, n, flags))
+                times.append(t)
+                t += 10
+    cap = write_pcap(tmp_path / "grow.pcap", pk, times_us=times)
+    grown = []
+    real = FlowTable._grow_slots
+    monkeypatch.setattr(FlowTable, "_grow_slots", lambda self, c: (grown.append(c), real(self, c))[1])
+    monkeypatch.setattr(api, "CaptureReader", lambda src, **kw: CaptureReader(src, batch_size=1000, **kw))
+    flows = analyze(cap, audit=False).flows.set_index("sport")
+    assert len(grown) >= 3, "the table should grow while the holes are open"
+    want = _tshark_per_flow(cap)
+    for name, sport, _, _ in scen:
+        got, w = flows.loc[sport], want[sport]
+        fills, gap = _sequence_facts(w["ranges"])
+        assert int(got.retransmissions) + int(got.out_of_order) == w["flagged"], name
+        assert int(got.out_of_order) == fills, name
+        assert int(got.capture_gap_bytes) == gap, name
+    assert flows.loc[[s[1] for s in scen]].out_of_order.sum() >= 2
