@@ -44,6 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .._native import njit
+from ..buffers import lazy_zeros
 from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
@@ -843,8 +844,8 @@ class CompiledGroEngine:
 
         One int64 array (every array argument costs atomic refcounting on each compiled call), reused across
         feeds: ``_take`` copies the rows out."""
-        if self._obuf.shape[1] < cap:
-            self._obuf = np.empty((len(_OUT_TYPES), max(cap, 2 * self._obuf.shape[1])), np.int64)
+        if self._obuf.shape[1] < cap:  # (resident only as far as rows are written: a feed's rows, not its cap)
+            self._obuf = lazy_zeros((len(_OUT_TYPES), max(cap, 2 * self._obuf.shape[1])), np.int64)
         return self._obuf
 
     def _take(self, O: np.ndarray) -> SuperPacketBatch:
