@@ -206,7 +206,8 @@ class _Spill:
         # (the flags as uint8: numeric columns come back as numpy views without pandas, which bool would import)
         self.schema = pa.schema([("frame", pa.uint64()), ("verdict", pa.uint8()), ("reason", pa.uint8()),
                                  ("raw", pa.uint8()), ("truth", pa.uint8())])
-        self.file = tempfile.TemporaryFile(dir=directory, prefix=".bigtcp-audit-")  # gone when closed
+        # unnamed, gone when closed or when the process ends; it lives as long as the audit result
+        self.file = tempfile.TemporaryFile(dir=directory, prefix=".bigtcp-audit-")  # noqa: SIM115
         self._writer = pa.ipc.new_stream(self.file, self.schema)
         self.rows = 0
 
