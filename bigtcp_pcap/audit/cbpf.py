@@ -369,10 +369,13 @@ class FilterAudit:
     SPILL_ROWS = 1 << 18  # with ``spill_dir``: per-frame rows kept in memory before they go to the spill file
 
     def __init__(self, expr: str, snaplen: int = DEFAULT_SNAPLEN, suggest: bool = True,
-                 candidates_only: bool = False, spill: bool = False, spill_dir: str | os.PathLike | None = None):
+                 candidates_only: bool = False, spill: bool = False, spill_dir: str | os.PathLike | None = None,
+                 flows: bool = True):
         """``spill``: keep at most ``SPILL_ROWS`` per-frame rows in memory and write the others to an unnamed
         temporary file in ``spill_dir`` (None: the system's temporary directory; ``AuditResult.chunks`` reads
-        them back), so memory does not grow with the capture (``analyze`` spills into its output directory)."""
+        them back), so memory does not grow with the capture (``analyze`` spills into its output directory).
+        ``flows``: tally the affected flows (``AuditResult.flows``, which ``audit-filter`` prints); ``analyze``
+        reports none, and the tally is one entry per affected flow for the whole run."""
         load_libpcap()
         self.expr = expr
         self._spill_on, self._spill_dir = spill, spill_dir
@@ -413,7 +416,7 @@ class FilterAudit:
         self._n_alt_missed = 0
         self._n_alt_false = 0
         self._n_not_audited = 0
-        self._tally = FlowTally(("missed", "false_matches"))
+        self._tally = FlowTally(("missed", "false_matches")) if flows else None
         self._not_audited: Counter[str] = Counter()
         self._linktypes: set[int] = set()
 
@@ -525,7 +528,7 @@ class FilterAudit:
             self._spill.write(self._joined_rows())
             self._frames, self._verdict, self._reason, self._raw, self._truth = [], [], [], [], []
             self._kept = 0
-        if bad.size:
+        if bad.size and self._tally is not None:
             self._tally.add(pb, bad, b.flow_groups(), missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
 
     @staticmethod
@@ -630,7 +633,7 @@ class FilterAudit:
         return tuple(cols)
 
     def _flows(self) -> list[FlowImpact]:
-        return [FlowImpact(**r) for r in self._tally.rows()]
+        return [] if self._tally is None else [FlowImpact(**r) for r in self._tally.rows()]
 
 
 def audit_batches(expr: str, batches: Iterable[tuple[object, PacketBatch]], snaplen: int = DEFAULT_SNAPLEN,

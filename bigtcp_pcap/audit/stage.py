@@ -61,8 +61,9 @@ class FilterAudits:
             self.exprs = exprs
         try:
             # the default audit looks only at the frames BIG TCP can affect (fast); explicit filters get all frames
-            self.audits = [FilterAudit(e, candidates_only=not self.explicit, spill=True, spill_dir=self.spill_dir)
-                           for e in exprs]
+            # the summary reports no affected flows (audit-filter does): no per-flow tally
+            self.audits = [FilterAudit(e, candidates_only=not self.explicit, spill=True, spill_dir=self.spill_dir,
+                                       flows=False) for e in exprs]
         except LibpcapMissing as e:
             if self.explicit:
                 raise UsageError(str(e)) from None
