@@ -96,6 +96,17 @@ def _sequence_facts(ranges: list[tuple[int, int]]) -> tuple[int, int]:
     return fills, (hi - lo) - merged
 
 
+def _check_against_tshark(flows, want: dict, scenarios) -> None:
+    """Per scenario flow: our flagged segments are tshark's, out_of_order the ones covering new space, and the
+    gap bytes the space never covered (``flows`` indexed by sport, ``want`` from ``_tshark_per_flow``)."""
+    for name, sport, _, _ in scenarios:
+        got, w = flows.loc[sport], want[sport]
+        fills, gap = _sequence_facts(w["ranges"])
+        assert int(got.retransmissions) + int(got.out_of_order) == w["flagged"], name
+        assert int(got.out_of_order) == fills, name
+        assert int(got.capture_gap_bytes) == gap, name
+
+
 @pytest.mark.parametrize("dt_us", [10, 50_000], ids=["10us", "50ms"])
 @pytest.mark.parametrize("v6", [False, True], ids=["ipv4", "ipv6"])
 def test_retransmissions_out_of_order_and_gaps_match_tshark(tmp_path, v6, dt_us):
@@ -103,12 +114,7 @@ def test_retransmissions_out_of_order_and_gaps_match_tshark(tmp_path, v6, dt_us)
     flows = analyze(cap, audit=False).flows.set_index("sport")
     want = _tshark_per_flow(cap)
     assert sorted(flows.index) == sorted(want)
-    for name, sport, _, _ in SCENARIOS:
-        got, w = flows.loc[sport], want[sport]
-        fills, gap = _sequence_facts(w["ranges"])
-        assert int(got.retransmissions) + int(got.out_of_order) == w["flagged"], name
-        assert int(got.out_of_order) == fills, name
-        assert int(got.capture_gap_bytes) == gap, name
+    _check_against_tshark(flows, want, SCENARIOS)
     # not vacuous: every kind of event happens, and tshark's time-based split differs between the two spacings
     assert flows.retransmissions.sum() >= 4 and flows.out_of_order.sum() >= 2 and flows.capture_gap_bytes.sum() > 0
     tshark_ooo = sum(w["tshark_ooo"] for w in want.values())
@@ -144,10 +150,5 @@ def test_open_holes_survive_the_table_growing(tmp_path, monkeypatch):
     flows = analyze(cap, audit=False).flows.set_index("sport")
     assert len(grown) >= 3, "the table should grow while the holes are open"
     want = _tshark_per_flow(cap)
-    for name, sport, _, _ in scen:
-        got, w = flows.loc[sport], want[sport]
-        fills, gap = _sequence_facts(w["ranges"])
-        assert int(got.retransmissions) + int(got.out_of_order) == w["flagged"], name
-        assert int(got.out_of_order) == fills, name
-        assert int(got.capture_gap_bytes) == gap, name
+    _check_against_tshark(flows, want, scen)
     assert flows.loc[[s[1] for s in scen]].out_of_order.sum() >= 2
