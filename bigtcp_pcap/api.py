@@ -180,7 +180,6 @@ class _Run:
                  default_audit_port: int | None = None) -> None:
         self.cfg, self.gro_engine, self.filters, self.packets = cfg, gro_engine, filters, packets
         self.gro_stage = GroStage(cfg, gro_engine)  # options are checked before the output directory is touched
-        self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port)
         self.reader = CaptureReader(source, name=name, sha256=sha256)
         self.info = self.reader.info
         self.tmp = None
@@ -195,7 +194,8 @@ class _Run:
             except OSError as e:
                 self.reader.src.close()
                 raise OutputError.from_os(str(self.out), e, "cannot make the output directory") from None
-        self.audits.spill_dir = self.out  # the per-frame audit rows beyond what is kept in memory go there
+        # the per-frame audit rows beyond what is kept in memory go to the output directory
+        self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port, spill_dir=self.out)
         idle, close = flow_timeouts_s
         self.flows = FlowTable(idle_timeout_ns=round(idle * 1e9), close_timeout_ns=round(close * 1e9))
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}

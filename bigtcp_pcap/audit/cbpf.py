@@ -117,7 +117,7 @@ class AuditResult:
 
     def chunks(self) -> Iterable[tuple[np.ndarray, ...]]:
         """The per-frame rows in frame order as (frame, verdict, reason, raw_match, truth_match) chunks: those
-        the audit spilled to disk (``FilterAudit(spill_dir=...)``), then the ones in memory."""
+        the audit spilled to disk (``FilterAudit(spill=True)``), then the ones in memory."""
         if self.spill is not None:
             yield from self.spill.chunks()
         yield self.frame, self.verdict, self.reason, self.raw_match, self.truth_match

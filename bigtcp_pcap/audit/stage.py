@@ -36,8 +36,8 @@ class FilterAudits:
                  spill_dir=None):
         """``default_port``: the default audit's ``tcp port P`` chosen elsewhere (a split run's parts take the
         whole capture's first batch's; -1: none), instead of from this run's first batch. ``spill_dir``: where
-        the audits write the per-frame rows they do not keep in memory (``FilterAudit``; None: the system's
-        temporary directory)."""
+        the audits write the per-frame rows they do not keep in memory (``FilterAudit(spill=True)``; None: the
+        system's temporary directory)."""
         self.spill_dir = spill_dir
         self.explicit = filters is not None
         self.default_port = default_port
