@@ -186,11 +186,18 @@ class AuditResult:
         from ..output import arrow as A
 
         frame, verdict, reason, raw, truth = self._all()
-        return pa.table({"frame": A.array(frame, pa.uint64()),
-                         "verdict": A.dictionary(verdict, VERDICT_NAMES),
-                         "reason": A.dictionary(reason, REASON_NAMES, mask=reason == R_NONE),
+        return pa.table({"frame": A.array(frame, pa.uint64()), **verdict_columns(verdict, reason),
                          "matched": A.array(raw, pa.bool_()), "truth": A.array(truth, pa.bool_())},
                         metadata={b"bigtcp_pcap.filter": self.expr.encode()})
+
+
+def verdict_columns(verdict: np.ndarray, reason: np.ndarray) -> dict:
+    """The ``verdict`` and ``reason`` dictionary columns of per-frame audit rows (reason null for none), as
+    frames_table and filter_audit.parquet write them."""
+    from ..output import arrow as A
+
+    return {"verdict": A.dictionary(verdict, VERDICT_NAMES),
+            "reason": A.dictionary(reason, REASON_NAMES, mask=reason == R_NONE)}
 
 
 class _Spill:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ..audit.cbpf import OK, R_NONE, REASON_NAMES, VERDICT_NAMES
+from ..audit.cbpf import OK, verdict_columns
 from . import arrow as A
 
 AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.string()),
@@ -24,5 +24,4 @@ def audit_rows(result) -> Iterator[pa.Table]:
             frame, verdict, reason = frame[bad], verdict[bad], reason[bad]
         if len(frame):
             yield pa.table({"frame": A.array(frame, pa.uint64()), "filter": A.repeat_string(result.expr, len(frame)),
-                            "verdict": A.dictionary(verdict, VERDICT_NAMES),
-                            "reason": A.dictionary(reason, REASON_NAMES, mask=reason == R_NONE)}, schema=AUDIT_SCHEMA)
+                            **verdict_columns(verdict, reason)}, schema=AUDIT_SCHEMA)
