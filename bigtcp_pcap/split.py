@@ -17,8 +17,9 @@ them too:
   part (exact, no sketch).
 
 The gap is measured against the largest timestamp so far (a frame stamped earlier than its predecessor never
-opens a gap). The first pass is the reader's compiled record walk (``capture/walk.py``) over a memory map of the file:
-it reads only the record headers' timestamps and offsets, no decoding. Only uncompressed pcap files are cut (a part
+opens a gap). The first pass is the reader's compiled record walk (``capture/walk.py``) over a memory map of the file, one
+window at a time: it reads only the record headers' timestamps and offsets, no decoding, and keeps only the
+best cut so far per part. Only uncompressed pcap files are cut (a part
 is then the file header plus a byte range of records, read in place); pcapng and compressed captures run whole.
 """
 
@@ -28,6 +29,7 @@ import io
 import mmap
 import os
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,7 @@ from .capture import walk
 from .capture.reader import MAX_CAPLEN, PCAP_MAGICS
 
 DEFAULT_ACK_DELAY_NS = 200_000_000
+WINDOW = 16 << 20  # bytes of the capture mapped at a time by the cut finder
 
 
 @dataclass(frozen=True)
@@ -68,75 +71,131 @@ def splittable(path: str | os.PathLike) -> bool:
     return len(head) == 4 and int.from_bytes(head, "little") in PCAP_MAGICS
 
 
-def find_parts(path: str | os.PathLike, parts: int, min_gap_ns: int) -> list[Part]:
+def find_parts(path: str | os.PathLike, parts: int, min_gap_ns: int, window: int = WINDOW) -> list[Part]:
     """Cut ``path`` into at most ``parts`` parts of similar size, only at idle gaps longer than ``min_gap_ns``.
 
-    Returns one part (the whole file) when it cannot or need not be cut.
+    Returns one part (the whole file) when it cannot or need not be cut. One pass over the record headers that
+    keeps, per byte target, only the nearest idle gap so far: memory is bounded by ``parts`` and the mapped
+    ``window``, not by the capture's length.
     """
     path = str(path)
     size = os.path.getsize(path)
     whole = [Part(path, 0, 0, size, 0, -1)]
     if parts < 2 or not splittable(path):
         return whole
-    got = record_times(path)
-    if got is None:  # a damaged capture runs whole: its error is reported by the analysis itself
-        return whole
-    t, off = got
-    n = t.shape[0]
-    if n == 0:
-        return whole
-    gap = t[1:] - np.maximum.accumulate(t)[:-1]
-    cand = np.flatnonzero(gap > min_gap_ns) + 1  # record index that starts a new part
-    if cand.shape[0] == 0:
-        return whole
-    # choose the candidates nearest to equal byte targets
     targets = size * np.arange(1, parts) / parts
-    chosen = sorted({int(cand[np.argmin(np.abs(off[cand] - x))]) for x in targets})
-    bounds = [0, *chosen, n]
+    # per target: the best gap so far (distance in bytes, record index, header offset, its timestamp, the
+    # timestamp of the record before it)
+    best_d = np.full(parts - 1, np.inf)
+    best = np.full((parts - 1, 4), -1, np.int64)
+    n, run_max, last_ts, first_ts = 0, None, None, None
+    try:
+        for t, off in record_chunks(path, window=window):
+            if t.size == 0:
+                continue
+            cmax = np.maximum.accumulate(t)
+            if run_max is None:
+                first_ts = int(t[0])
+                prev_max = np.concatenate([t[:1], cmax[:-1]])  # record 0 never starts a part
+                prev_t = np.concatenate([t[:1], t[:-1]])
+            else:
+                cmax = np.maximum(cmax, run_max)
+                prev_max = np.concatenate([[run_max], cmax[:-1]])
+                prev_t = np.concatenate([[last_ts], t[:-1]])
+            cand = np.flatnonzero(t - prev_max > min_gap_ns)
+            if run_max is None:
+                cand = cand[cand > 0]
+            if cand.size:
+                co = off[cand]
+                for k, x in enumerate(targets):
+                    d = np.abs(co - x)
+                    j = int(np.argmin(d))
+                    if d[j] < best_d[k]:  # strictly nearer: the first of equally near gaps stays
+                        best_d[k] = d[j]
+                        best[k] = (n + cand[j], co[j], t[cand[j]], prev_t[cand[j]])
+            run_max, last_ts = int(cmax[-1]), int(t[-1])
+            n += t.size
+    except _Damaged:  # a damaged capture runs whole: its error is reported by the analysis itself
+        return whole
+    except (OSError, ValueError):  # not a regular file (no memory map): it runs whole
+        return whole
+    if n == 0 or best[0, 0] < 0:
+        return whole
+    cut = {int(r[0]): r for r in best}
+    bounds = [0, *sorted(cut), n]
     out = []
     for k in range(len(bounds) - 1):
         a, b = bounds[k], bounds[k + 1]
-        start = int(off[a]) if a else 24
-        stop = int(off[b]) if b < n else size
-        out.append(Part(path, k, start, stop, a, b - a, int(t[a]), int(t[b - 1])))
+        start = int(cut[a][1]) if a else 24
+        stop = int(cut[b][1]) if b < n else size
+        t_first = int(cut[a][2]) if a else first_ts
+        t_last = int(cut[b][3]) if b < n else last_ts
+        out.append(Part(path, k, start, stop, a, b - a, t_first, t_last))
     return out
 
 
-def record_times(path: str | os.PathLike, chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray] | None:
-    """Every record's timestamp (ns) and header offset in the pcap file ``path``, by the reader's compiled
-    record walk over a memory map (no batches, no copies of the records); None when a record header is damaged
-    (a caplen beyond ``MAX_CAPLEN``). A truncated last record ends the list."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size <= 24:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: a writable view, never written
-        except (OSError, ValueError):  # not a regular file: it runs whole
-            return None
-    try:
-        got = _walk_records(np.frombuffer(mm, np.uint8), size, chunk)
-    finally:
-        mm.close()
-    return got
+
+class _Damaged(Exception):
+    """A record header with a caplen beyond ``MAX_CAPLEN``."""
 
 
-def _walk_records(data: np.ndarray, size: int, chunk: int) -> tuple[np.ndarray, np.ndarray] | None:
-    be, ts_mul = PCAP_MAGICS[int.from_bytes(data[:4].tobytes(), "little")]
+def record_chunks(path: str | os.PathLike, chunk: int = 1 << 20,
+                  window: int = WINDOW) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The timestamps (ns) and header offsets of the records of the pcap file ``path``, in file order, a chunk
+    of at most ``chunk`` records at a time: the reader's compiled record walk over a memory map of one window
+    of the file at a time (no batches, no copies of the records; the pages of a window leave this process when
+    it is unmapped, so resident memory does not grow with the file). A truncated last record ends the walk;
+    raises ``_Damaged`` at a damaged record header, OSError/ValueError when the file cannot be mapped."""
     off = np.empty(chunk, np.int64)
     caplen, wirelen = np.empty(chunk, np.uint32), np.empty(chunk, np.uint32)
     ts, rec = np.empty(chunk, np.int64), np.empty(chunk, np.int64)
-    t_out, o_out, pos = [], [], np.int64(24)
-    while True:
-        n, pos, status, _ = walk.walk_pcap(data, pos, np.int64(size), be, np.int64(ts_mul), np.int64(MAX_CAPLEN),
-                                           off, caplen, wirelen, ts, rec)
-        t_out.append(ts[:n].copy())
-        o_out.append(rec[:n].copy())
-        if status == walk.BAD_CAPLEN:
-            return None
-        if status != walk.FULL:
-            break
-    return np.concatenate(t_out), np.concatenate(o_out)
+    gran = mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= 24:
+            return
+        be, ts_mul = PCAP_MAGICS[int.from_bytes(f.read(4), "little")]
+        pos, need = 24, 0  # the next record's absolute offset; bytes it needs from there (0: unknown)
+        while pos < size:
+            base = pos - pos % gran
+            length = min(size - base, max(window, pos - base + need))
+            mm = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY, offset=base)  # private, never written
+            data = None
+            try:
+                if hasattr(mm, "madvise"):
+                    mm.madvise(mmap.MADV_SEQUENTIAL)
+                data = np.frombuffer(mm, np.uint8)
+                rel = np.int64(pos - base)
+                while True:
+                    k, rel, status, need = walk.walk_pcap(data, rel, np.int64(length), be, np.int64(ts_mul),
+                                                          np.int64(MAX_CAPLEN), off, caplen, wirelen, ts, rec)
+                    if k:
+                        yield ts[:k].copy(), rec[:k] + base
+                    if status == walk.BAD_CAPLEN:
+                        raise _Damaged
+                    if status != walk.FULL:
+                        break
+            finally:
+                data = None  # the view must go before the map can close
+                mm.close()
+            if base + length >= size:  # the walk needs more than the file has: the end, or a truncated record
+                return
+            pos, need = base + int(rel), int(need)
+
+
+def record_times(path: str | os.PathLike, chunk: int = 1 << 20,
+                 window: int = WINDOW) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every record's timestamp (ns) and header offset in the pcap file ``path`` (``record_chunks`` joined);
+    None when a record header is damaged (a caplen beyond ``MAX_CAPLEN``)."""
+    try:
+        got = list(record_chunks(path, chunk, window))
+    except _Damaged:
+        return None
+    except (OSError, ValueError):  # not a regular file: it runs whole
+        return None
+    if not got:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got])
 
 
 class PartReader(io.RawIOBase):

@@ -19,7 +19,7 @@ from bigtcp_pcap import analyze, analyze_many
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.many import analyze_split
 from bigtcp_pcap.output.tables import TABLES  # the registry (output/tables.py)
-from bigtcp_pcap.split import find_parts, idle_gap_ns
+from bigtcp_pcap.split import find_parts, idle_gap_ns, record_times
 
 SPLIT_FIXTURES = sorted(KERNEL.glob("*.pcap")) + sorted((KERNEL / "traced").glob("*.pcap"))
 LINKTYPES = sorted((KERNEL / "linktypes").glob("*.pcap"))
@@ -376,6 +376,55 @@ def test_record_times_are_the_readers(tmp_path):
     assert record_times(tmp_path / "bad.pcap") is None
     assert find_parts(tmp_path / "bad.pcap", 2, 1)[0].records == -1  # one part: the whole file
 
+
+
+def _parts_from_times(path, parts, min_gap_ns):
+    """find_parts' cuts computed the plain way, from every record's time and offset at once (the oracle)."""
+    import os
+
+    t, off = record_times(path)
+    n, size = t.size, os.path.getsize(path)
+    gap = t[1:] - np.maximum.accumulate(t)[:-1]
+    cand = np.flatnonzero(gap > min_gap_ns) + 1
+    if cand.size == 0:
+        return [(0, -1)]
+    targets = size * np.arange(1, parts) / parts
+    bounds = [0, *sorted({int(cand[np.argmin(np.abs(off[cand] - x))]) for x in targets}), n]
+    return [(a, b - a, int(off[a]) if a else 24, int(off[b]) if b < n else size, int(t[a]), int(t[b - 1]))
+            for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def test_cut_finder_maps_windows(tmp_path):
+    """The cut finder walks the file one mapped window at a time: with windows of one page (records cross
+    every window edge, and a record larger than a window) it finds the cuts and record times that the whole
+    list of record times gives, on kernel captures and a file of 10,000-byte records."""
+    import mmap
+    import struct
+
+    from bigtcp_pcap.split import record_times
+
+    big = tmp_path / "big_records.pcap"
+    recs = [struct.pack("<IIII", 1000 + 3 * (i // 4), 7, 10_000, 10_000) + bytes([i]) * 10_000 for i in range(12)]
+    big.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1) + b"".join(recs))
+    page = mmap.ALLOCATIONGRANULARITY
+    checked = 0
+    for cap in [*SPLIT_FIXTURES[:4], big]:
+        t, o = record_times(cap)
+        tw, ow = record_times(cap, chunk=37, window=page)
+        assert np.array_equal(t, tw) and np.array_equal(o, ow), cap
+        gaps = [1, 200_000_000] if cap != big else [1_000_000_000]
+        for gap in gaps:
+            for nparts in (2, 3, 8):
+                want = _parts_from_times(cap, nparts, gap)
+                got = find_parts(cap, nparts, gap, window=page)
+                if want == [(0, -1)]:
+                    assert [p.records for p in got] == [-1]
+                    continue
+                assert [(p.first_record, p.records, p.start, p.stop, p.ts_first_ns, p.ts_last_ns)
+                        for p in got] == want, (cap, gap, nparts)
+                checked += len(got) > 1
+    assert checked >= 6
+    assert [p.records for p in find_parts(big, 3, 1_000_000_000, window=page)] == [4, 4, 4]
 
 MALLINFO = """
 import ctypes, json, sys
