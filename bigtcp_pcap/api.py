@@ -310,7 +310,9 @@ class _Run:
             if notes["frame"]:
                 self.sink_findings.write_columns(notes)
                 self.stats.findings.update(notes["code"])
-        self.audit_results = self.audits.finish()
+        # a part of a split run reports every expression's counts (the merge adds them up, then leaves out the
+        # default audit's clean ones as this does)
+        self.audit_results = self.audits.finish(report_all=self.sink_flow_state is not None)
         sink_audit = self.open_sink("filter_audit")  # always written, empty when clean
         for r in self.audit_results:
             for t in audit_rows(r):

@@ -281,7 +281,7 @@ def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], re
                     serial_because="a part failed or the parts audited different default filters")
     def merged(results: list[dict]) -> dict:
         return merge_parts(parts, [Path(r["outdir"]) for r in results], [r["summary"] for r in results], out,
-                           packets=kw.get("packets", False))
+                           packets=kw.get("packets", False), explicit=kw.get("filters") is not None)
 
     try:
         try:
@@ -331,6 +331,10 @@ def analyze_split(path: str | os.PathLike, outdir: str | os.PathLike, *, jobs: i
     if res["error"] is not None or res["summary"] is None:
         return analyze(path, outdir=out, **kw)
     s = res["summary"]
+    if not res.get("serial_because"):  # a serial fallback wrote its own
+        from .output.report import write_summary
+
+        write_summary(out / "summary.json", s)
     info = CaptureInfo(name=path, size=s["capture"]["size"], format="pcap", packets=s["capture"]["packets"],
                        first_ts_ns=ps[0].ts_first_ns, last_ts_ns=ps[-1].ts_last_ns)
     gro = kw.get("gro") or GroConfig()

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import findings as F
+from .audit.cbpf import SKIPPED_NOTE, reportable
 from .flows.table import CLOSE_TIMEOUT_NS, F_GAP, F_OOO, F_RETRANS, IDLE_TIMEOUT_NS, MAX_HOLES, NF, seq_kernel
 from .output.parquet import MERGE_ROWS, read_metadata
 from .split import Part
@@ -194,12 +195,13 @@ def _write(t: pa.Table, path: Path, meta: dict) -> None:
 
 
 def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out: Path, *,
-                packets: bool) -> dict:
+                packets: bool, explicit: bool = False) -> dict:
     """Write the merged tables of ``parts`` (analysed into ``dirs``) to ``out``; returns the merged summary.
 
     The parts' packets tables are read only when ``packets`` (the merged packets table is wanted) or when a
     flow spans a cut (its history-dependent columns are recomputed from its packets); raises ``NeedPackets``
-    when that is so and the parts have none."""
+    when that is so and the parts have none. ``explicit``: the audit's filters were given (every result is
+    reported; the default audit reports only those that found something)."""
     out.mkdir(parents=True, exist_ok=True)
     offs = [p.first_record for p in parts]
     flows_k = [_read(d, "flows").to_pandas() for d in dirs]
@@ -273,7 +275,7 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
                 if sel.num_rows:
                     pieces.append(sel)
         _write(pa.concat_tables(pieces) if pieces else au[0][1].slice(0, 0), out / "filter_audit.parquet", meta)
-    return _merge_summary(summaries, flows, suspect, parts)
+    return _merge_summary(summaries, flows, suspect, parts, explicit)
 
 
 def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | None, sp_t: pa.Table) -> pd.DataFrame:
@@ -364,7 +366,8 @@ def _add(a: dict, b: dict) -> dict:
     return out
 
 
-def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], parts: list[Part]) -> dict:
+def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], parts: list[Part],
+                   explicit: bool) -> dict:
     s0 = ss[0]
     cap = dict(s0["capture"])
     cap.update(name=parts[0].path, size=Path(parts[0].path).stat().st_size,
@@ -381,10 +384,10 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     out["bigtcp"] = {k: sum(s["bigtcp"].get(k, 0) for s in ss) for k in s0["bigtcp"]}
     out["max_bigtcp_ip_len"] = max(s["max_bigtcp_ip_len"] for s in ss)
     out["flows"] = len(flows)
-    keys = list(s0["top_flows"][0]) if s0["top_flows"] else []
+    from .api import _TOP_KEYS as keys  # the serial summary's (a part may have no top flow to copy them from)
+
     top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
-    out["top_flows"] = [{k: (None if pd.isna(r[k]) else (r[k].item() if hasattr(r[k], "item") else r[k]))
-                         for k in keys} for _, r in top.iterrows()]
+    out["top_flows"] = [{k: _plain(r[k]) for k in keys} for _, r in top.iterrows()]
     sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}, "late_segments": 0}
     for s in ss:
         sp["count"] += s["superpackets"]["count"]
@@ -398,18 +401,65 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
         nfd = _add(nfd, s["not_fully_decoded"])
     out["not_fully_decoded"] = nfd
     out["suspect"] = suspect
-    res: dict[str, dict] = {}
+    out["filter_audit"] = dict(s0["filter_audit"], results=_merge_audit(ss, explicit))
+    out["parts"] = len(parts)
+    # what the parts' summaries cannot be added up into: the capture inference and the diagnosis rank per-flow
+    # counts, keep samples and re-run the GRO stage on the first packets, within one run. They are the first
+    # part's, and say so (a serial run gives the whole capture's)
+    scope = {"records": parts[0].records, "of": cap["packets"],
+             "text": f"from the first part of a split run only: records 1-{parts[0].records:,} of "
+                     f"{cap['packets']:,} (run without --jobs for the whole capture's)"}
+    for k in ("capture_kind", "diagnosis"):
+        if isinstance(s0.get(k), dict):
+            out[k] = dict(s0[k], scope=scope)
+    return out
+
+
+def _merge_audit(ss: list[dict], explicit: bool) -> list[dict]:
+    """The parts' filter-audit results added up per expression, in the serial run's order. Every part reports
+    every expression (``AuditStage.finish(report_all=True)``): counts and reasons are sums, a suggestion is
+    verified when it is on every part, the note on frames not run through the filter is written again with
+    the total; then the default audit keeps only the results that found something, as a serial run does."""
+    by: dict[str, list[dict]] = {}
     for s in ss:
         for r in s["filter_audit"]["results"]:
-            if r["expr"] not in res:
-                res[r["expr"]] = dict(r)
-            else:
-                d = res[r["expr"]]
-                for k, v in r.items():
-                    if isinstance(v, int) and not isinstance(v, bool) and k != "linktypes":
-                        d[k] = d.get(k, 0) + v
-                    elif isinstance(v, dict):
-                        d[k] = _add(d.get(k, {}), v)
-    out["filter_audit"] = dict(s0["filter_audit"], results=list(res.values()))
-    out["parts"] = len(parts)
-    return out
+            by.setdefault(r["expr"], []).append(r)
+    order = [e for e in ss[0]["filter_audit"]["audited"] if e in by] + \
+        [e for e in by if e not in ss[0]["filter_audit"]["audited"]]
+    head, tail = SKIPPED_NOTE.split("{n}")
+    out = []
+    for expr in order:
+        rs = by[expr]
+        m = dict(rs[0])
+        for r in rs[1:]:
+            for k, v in r.items():
+                w = m.get(k)
+                if k == "linktypes":
+                    m[k] = sorted(set(w or []) | set(v or []))
+                elif k == "suggestion_verified":
+                    m[k] = False if False in (w, v) else (True if True in (w, v) else None)
+                elif isinstance(v, bool) or isinstance(w, bool) or k in ("suggestion", "alternative", "error"):
+                    m[k] = w if w is not None else v
+                elif isinstance(v, int) or isinstance(w, int):
+                    m[k] = (w or 0) + (v or 0)
+                elif k == "notes":
+                    m[k] = list(dict.fromkeys((w or []) + (v or [])))
+                elif k in ("rejected", "suggestions_by_linktype"):
+                    m[k] = {**(v or {}), **(w or {})}
+                elif isinstance(v, dict) or isinstance(w, dict):
+                    m[k] = _add(w or {}, v or {})
+        notes = [x for x in m.get("notes") or [] if not (x.startswith(head) and x.endswith(tail)
+                                                         and x[len(head):len(x) - len(tail)].isdigit())]
+        if m.get("frames_skipped") and len(notes) < len(m.get("notes") or []):
+            notes.insert(0, SKIPPED_NOTE.format(n=m["frames_skipped"]))
+        m["notes"] = notes
+        out.append(m)
+    return out if explicit else [r for r in out if reportable(r)]
+
+def _plain(v: Any) -> Any:
+    """A pandas cell as the serial summary has it: None for a missing value, ints for whole numbers (a reduced
+    column of ints with a missing value in another row is float64 in pandas)."""
+    if pd.isna(v):
+        return None
+    v = v.item() if hasattr(v, "item") else v
+    return int(v) if isinstance(v, float) and v.is_integer() else v

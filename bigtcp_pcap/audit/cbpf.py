@@ -80,6 +80,17 @@ class FlowImpact:
         return dict(self.__dict__)
 
 
+SKIPPED_NOTE = ("{n} frames that no BIG TCP encoding or extension header can affect were not run through the "
+                "filter: matched/truth count only the others, and the suggestion was verified on those; "
+                "'bigtcp-pcap audit-filter' checks every frame")
+
+
+def reportable(result: dict) -> bool:
+    """Whether the default audit reports an expression's result (its summary form; ``AuditResult.clean`` and
+    ``complete``): only when it found a missed or falsely matched frame, or frames it could not audit."""
+    return bool(result["missed"] or result["false_matches"] or result["not_audited_frames"])
+
+
 @dataclass
 class AuditResult:
     """Verdict counts, reasons, affected flows and per-frame arrays for one expression on one capture."""
@@ -587,9 +598,7 @@ class FilterAudit:
             res.normalized = {"truth": self._n_alt_truth, "missed": self._n_alt_missed,
                               "false_matches": self._n_alt_false}
         if self._n_skipped:
-            res.notes.append(f"{self._n_skipped} frames that no BIG TCP encoding or extension header can affect were "
-                             "not run through the filter: matched/truth count only the others, and the suggestion "
-                             "was verified on those; 'bigtcp-pcap audit-filter' checks every frame")
+            res.notes.append(SKIPPED_NOTE.format(n=self._n_skipped))
         # judged on the raw frame, a suggestion is for the normalized meaning, and only when that selects frames
         differs = not res.clean or (res.normalized is not None and res.normalized["truth"] > 0
                                     and (res.normalized["missed"] or res.normalized["false_matches"]))

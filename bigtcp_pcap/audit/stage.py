@@ -80,8 +80,8 @@ class FilterAudits:
                 prepared[kind] = prepare_batch(rb, pb, *kind)
             a.feed_prepared(prepared[kind])
 
-    def finish(self) -> list:
-        """The results to report (the default audit's: only those that found something)."""
+    def finish(self, report_all: bool = False) -> list:
+        """The results to report (the default audit's: only those that found something, unless ``report_all``)."""
         results = []
         for a in self.audits:
             try:
@@ -92,7 +92,7 @@ class FilterAudits:
                 self.rejected.append(a.expr)
                 note = f"filter {a.expr!r} not audited: libpcap: {e.for_linktype()}"
                 self.note = note if self.note is None else f"{self.note}; {note}"
-        if not self.explicit:
+        if not self.explicit and not report_all:
             results = [r for r in results if not r.clean or not r.complete]
         return results
 
@@ -101,3 +101,4 @@ class FilterAudits:
         audited = [e for e in self.exprs if e not in self.rejected] if self.audits else []
         return {"audited": audited, "note": self.note,
                 "results": [r.to_json(frames=False) for r in results]}
+

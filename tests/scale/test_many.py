@@ -62,6 +62,18 @@ def test_split_capture_equals_serial_run(cap, ack_delay_ns, tmp_path):
     assert split.summary["superpackets"]["count"] == serial.summary["superpackets"]["count"]
     assert split.summary["bigtcp"] == serial.summary["bigtcp"]
     assert split.summary["findings"] == serial.summary["findings"]
+    # summary.json like the serial run's: every section the parts add up is equal (the top flows' values
+    # as ints, not pandas floats); the two the parts cannot add up say they are the first part's
+    on_disk = json.loads((split.outdir / "summary.json").read_text())
+    want = json.loads((serial.outdir / "summary.json").read_text())
+    merged = "parts" in on_disk
+    assert merged == ("serial_because" not in split.params and split.params.get("parts", 1) > 1)
+    for k in want:
+        if merged and k in ("capture_kind", "diagnosis"):
+            assert on_disk[k]["scope"]["records"] == parts[0].records, k
+            assert {x: v for x, v in on_disk[k].items() if x != "scope"}.keys() == want[k].keys(), k
+        else:
+            assert on_disk[k] == want[k], k
 
 
 @pytest.mark.parametrize("ack_delay_ns", [200_000_000, 1_000_000], ids=["200ms", "1ms"])
