@@ -172,6 +172,22 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     return run.close(wireshark_sidecar)  # tables renamed into place, summary.json; raises a stop it recorded
 
 
+def whatif_input(source, cfg: GroConfig, gro_engine: str = "compiled",
+                 flow_timeouts_s: tuple[float, float] = (IDLE_TIMEOUT_NS / 1e9, CLOSE_TIMEOUT_NS / 1e9)
+                 ) -> D.WhatIfInput:
+    """The what-if input a run of ``source`` keeps (its first ``WHATIF_MAX_PACKETS`` decoded packets, with the
+    run's flow ids and receivers): a split run's merge reads the capture's first records again for it, as the
+    parts keep none. Nothing is written."""
+    run = _Run(source, None, name=None, sha256=False, cfg=cfg, gro_engine=gro_engine, filters=None, audit=False,
+               packets=False, flow_timeouts_s=flow_timeouts_s)
+    try:
+        run.stream(None)
+    finally:
+        run.abort()
+    if run.error is not None:
+        raise run.error
+    return run.whatif
+
 class _Run:
     """The state of one ``analyze`` run: the reader, the stages, the sinks, and why the tables are partial."""
 
@@ -201,8 +217,11 @@ class _Run:
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
         self.stats = _Stats()
-        self.tally = D.SuperPacketTally(cfg, keep=self.tally_keeps)
-        self.whatif = D.WhatIfInput()
+        # a part of a split run keeps every flow's counts and no what-if input: the merge ranks the whole
+        # capture's flows and takes the what-if input from the capture's first packets (merge.py)
+        self.part = flow_state
+        self.tally = D.SuperPacketTally(cfg, keep=None if flow_state else self.tally_keeps)
+        self.whatif = D.WhatIfInput(limit=0 if flow_state else D.WHATIF_MAX_PACKETS)
         self.error: BigtcpError | None = None  # why the tables are partial
         self.stop: BaseException | None = None  # raised again once the tables are closed (interrupt, output fault)
         self.audit_results: list = []
@@ -312,7 +331,7 @@ class _Run:
                 self.stats.findings.update(notes["code"])
         # a part of a split run reports every expression's counts (the merge adds them up, then leaves out the
         # default audit's clean ones as this does)
-        self.audit_results = self.audits.finish(report_all=self.sink_flow_state is not None)
+        self.audit_results = self.audits.finish(report_all=self.part)
         sink_audit = self.open_sink("filter_audit")  # always written, empty when clean
         for r in self.audit_results:
             for t in audit_rows(r):
@@ -346,8 +365,14 @@ class _Run:
                                      self.gro_stage.late_segments)
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
-        summary["capture_kind"] = D.infer_capture(self.tally, cfg, self.stats.payload_packets)
-        summary["diagnosis"] = D.diagnose(self.tally, self.flow_sum.columns(), cfg, self.whatif, self.gro_engine)
+        if self.part:  # the merge makes these of the whole capture from every part's tally
+            np.savez(out / "diagnosis_state.npz", payload_packets=np.int64(self.stats.payload_packets),
+                     **self.tally.state())
+            summary["capture_kind"] = summary["diagnosis"] = None
+        else:
+            summary["capture_kind"] = D.infer_capture(self.tally, cfg, self.stats.payload_packets)
+            summary["diagnosis"] = D.diagnose(self.tally, self.flow_sum.columns(), cfg, self.whatif,
+                                              self.gro_engine)
         self.whatif.batches.clear()
         write_summary(out / "summary.json", summary)
         result = Analysis(outdir=out, info=info, params=params, summary=summary, error=error)

@@ -136,7 +136,6 @@ class SuperPacketTally:
         # (flow << 7 | code) -> [rows, bytes, rows at budget] and a first-seen ordinal. code < 64: the reason the
         # row is counted under; 64 + r: engine reason r of a row counted under size_limit (``also``)
         self._sums = _KeyedSums(3, keep)
-        self._batches = 0
         self._rows = 0
         self._obs: list[tuple[np.ndarray, ...]] = []
         self._obs_rows = 0
@@ -156,19 +155,21 @@ class SuperPacketTally:
         counted = np.where(bound, R.SIZE_LIMIT, reason)
         sums = np.stack([np.ones(n, np.int64), spb.payload_len.astype(np.int64),
                          (spb.n_segments >= self.napi_weight).astype(np.int64)], axis=1)
-        # ties in bytes rank by first appearance: batch, then reason (as a per-batch sort of the keys did)
-        self._sums.add((fid << 7) | counted, sums, self._batches * 64 + counted)
+        # ties in bytes rank by first appearance: the row (whatever the batches, so that a split run's parts
+        # rank as the serial run does)
+        rows = self._rows + np.arange(n, dtype=np.int64)
+        self._sums.add((fid << 7) | counted, sums, rows)
         if bound.any():  # the engine's own reason of rows counted under size_limit, first row first
             idx = np.flatnonzero(bound)
-            self._sums.add((fid[idx] << 7) | (64 + reason[idx]), sums[idx], self._rows + idx)
-        self._batches += 1
+            self._sums.add((fid[idx] << 7) | (64 + reason[idx]), sums[idx], rows[idx])
         self._rows += n
         obs = spb.source == SOURCE_OBSERVED
         if obs.any() and self._obs_rows < OBSERVED_MAX_ROWS:
-            # kept in their own (narrow) types, ~23 bytes a row (observed())
-            self._obs.append((fid[obs], spb.ip_version[obs], spb.l3_len[obs], spb.n_segments[obs],
-                              spb.payload_len[obs], spb.tcp_flags[obs]))
-            self._obs_rows += int(obs.sum())
+            # the first OBSERVED_MAX_ROWS, kept in their own (narrow) types, ~23 bytes a row (observed())
+            idx = np.flatnonzero(obs)[:OBSERVED_MAX_ROWS - self._obs_rows]
+            self._obs.append((fid[idx], spb.ip_version[idx], spb.l3_len[idx], spb.n_segments[idx],
+                              spb.payload_len[idx], spb.tcp_flags[idx]))
+            self._obs_rows += int(idx.size)
 
     def reasons(self, flow: int) -> list[tuple[str, list[int]]]:
         """(reason, [rows, bytes, rows at the NAPI budget]) of one flow, most bytes first."""
@@ -186,6 +187,40 @@ class SuperPacketTally:
         return {R.REASON_NAMES[int(code[i]) - 64]: int(sums[i, 0]) for i in sel}
 
     OBSERVED_COLUMNS = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
+
+    def state(self) -> dict[str, np.ndarray]:
+        """What a split run's merge needs of a part's tally (``merged``): the sums per key, the rows counted and
+        the kept observed rows; written by the part as ``diagnosis_state.npz``."""
+        self._sums.merge()
+        obs = [np.concatenate([o[i] for o in self._obs]) if self._obs else np.zeros(0, np.int64)
+               for i in range(len(self.OBSERVED_COLUMNS))]
+        return {"keys": self._sums.keys, "sums": self._sums.sums, "first": self._sums.first,
+                "rows": np.int64(self._rows), **{"obs_" + c: a for c, a in zip(self.OBSERVED_COLUMNS, obs)}}
+
+    @classmethod
+    def merged(cls, states: list[dict[str, np.ndarray]], flow_maps: list[np.ndarray],
+               cfg: GroConfig | None = None) -> SuperPacketTally:
+        """The tally of the whole capture from its parts' ``state()`` (kept unpruned) in capture order:
+        ``flow_maps[k]`` maps part k's flow ids to the whole capture's (``merge.py``); rows are numbered on
+        from the earlier parts', so ties rank as in the serial run, and the observed rows are the first
+        OBSERVED_MAX_ROWS of the parts' in order."""
+        t = cls(cfg)
+        base = 0
+        for st, fmap in zip(states, flow_maps, strict=True):
+            keys = st["keys"].astype(np.int64)
+            keys = (fmap[keys >> 7] << 7) | (keys & 127) if keys.size else keys
+            t._sums.add(keys, st["sums"].astype(np.int64), st["first"].astype(np.int64) + base)
+            base += int(st["rows"])
+            obs = [st["obs_" + c] for c in cls.OBSERVED_COLUMNS]
+            room = OBSERVED_MAX_ROWS - t._obs_rows
+            if obs[0].size and room > 0:
+                obs = [o[:room] for o in obs]
+                obs[0] = fmap[obs[0].astype(np.int64)].astype(obs[0].dtype)
+                t._obs.append(tuple(obs))
+                t._obs_rows += int(obs[0].size)
+        t._sums.merge()
+        t._rows = base
+        return t
 
     def observed(self) -> list[dict[str, np.ndarray]]:
         """The kept observed rows as chunks (one per batch, in order) of columns flow_id, ip_version, l3_len,

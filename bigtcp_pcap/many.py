@@ -272,6 +272,7 @@ def _first_batch_port(path: str) -> int | None:
 def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], results: list[dict], out: Path,
                   kw: dict, runner: _Runner) -> dict:
     """Merge a split capture's parts into ``out``; a serial run instead if a part could not be merged exactly."""
+    from .flows.table import CLOSE_TIMEOUT_NS, IDLE_TIMEOUT_NS
     from .merge import NeedPackets, NotExact, merge_parts
 
     ok = all(r["summary"] is not None and r["error"] is None for r in results) and \
@@ -281,7 +282,10 @@ def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], re
                     serial_because="a part failed or the parts audited different default filters")
     def merged(results: list[dict]) -> dict:
         return merge_parts(parts, [Path(r["outdir"]) for r in results], [r["summary"] for r in results], out,
-                           packets=kw.get("packets", False), explicit=kw.get("filters") is not None)
+                           packets=kw.get("packets", False), explicit=kw.get("filters") is not None,
+                           gro=kw.get("gro"), gro_engine=kw.get("gro_engine", "compiled"),
+                           flow_timeouts_s=(kw.get("flow_idle_timeout_s", IDLE_TIMEOUT_NS / 1e9),
+                                            kw.get("flow_close_timeout_s", CLOSE_TIMEOUT_NS / 1e9)))
 
     try:
         try:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import diagnose as D
 from . import findings as F
 from .audit.cbpf import SKIPPED_NOTE, reportable
 from .flows.table import CLOSE_TIMEOUT_NS, F_GAP, F_OOO, F_RETRANS, IDLE_TIMEOUT_NS, MAX_HOLES, NF, seq_kernel
@@ -195,13 +196,15 @@ def _write(t: pa.Table, path: Path, meta: dict) -> None:
 
 
 def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out: Path, *,
-                packets: bool, explicit: bool = False) -> dict:
+                packets: bool, explicit: bool = False, gro: Any = None, gro_engine: str = "compiled",
+                flow_timeouts_s: tuple[float, float] = (IDLE_TIMEOUT_NS / 1e9, CLOSE_TIMEOUT_NS / 1e9)) -> dict:
     """Write the merged tables of ``parts`` (analysed into ``dirs``) to ``out``; returns the merged summary.
 
     The parts' packets tables are read only when ``packets`` (the merged packets table is wanted) or when a
     flow spans a cut (its history-dependent columns are recomputed from its packets); raises ``NeedPackets``
     when that is so and the parts have none. ``explicit``: the audit's filters were given (every result is
-    reported; the default audit reports only those that found something)."""
+    reported; the default audit reports only those that found something). ``gro``, ``gro_engine``,
+    ``flow_timeouts_s``: the run's, for the capture inference and the diagnosis of the whole capture."""
     out.mkdir(parents=True, exist_ok=True)
     offs = [p.first_record for p in parts]
     flows_k = [_read(d, "flows").to_pandas() for d in dirs]
@@ -275,7 +278,8 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
                 if sel.num_rows:
                     pieces.append(sel)
         _write(pa.concat_tables(pieces) if pieces else au[0][1].slice(0, 0), out / "filter_audit.parquet", meta)
-    return _merge_summary(summaries, flows, suspect, parts, explicit)
+    diag = _diagnosis(parts, dirs, maps, flows, summaries, gro, gro_engine, flow_timeouts_s)
+    return _merge_summary(summaries, flows, suspect, parts, explicit, diag)
 
 
 def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | None, sp_t: pa.Table) -> pd.DataFrame:
@@ -366,8 +370,43 @@ def _add(a: dict, b: dict) -> dict:
     return out
 
 
+def _diagnosis(parts: list[Part], dirs: list[Path], maps: list[np.ndarray], flows: pd.DataFrame,
+               summaries: list[dict], gro: Any, engine: str, timeouts: tuple[float, float]) -> dict:
+    """The capture inference and the diagnosis of the whole capture, as the serial run makes them: from the
+    parts' tallies (``diagnosis_state.npz``: every flow's counts, flow ids mapped to the merged ones), the
+    merged flows' top flows, and the what-if input read again from the capture's first packets."""
+    from .api import _KEEP_TOP, whatif_input
+    from .gro.config import GroConfig
+    from .split import PartReader, record_chunks
+
+    cfg = gro or GroConfig()
+    states = [dict(np.load(d / "diagnosis_state.npz")) for d in dirs]
+    tally = D.SuperPacketTally.merged(states, maps, cfg)
+    total = sum(s["capture"]["packets"] for s in summaries)
+    # the first WHATIF_MAX_PACKETS records: a run of that prefix keeps the serial run's what-if input
+    k, n, stop = D.WHATIF_MAX_PACKETS, 0, parts[-1].stop
+    for t, off in record_chunks(parts[0].path):
+        if n + t.size > k:
+            stop = int(off[k - n])
+            break
+        n += t.size
+    whatif = whatif_input(PartReader(Part(parts[0].path, 0, 24, stop, 0, min(k, total))), cfg, engine, timeouts)
+    whatif.seen = total
+    top = flows.assign(_neg=-flows["payload_bytes"].astype(np.int64)).sort_values(
+        ["_neg", "flow_id"], kind="stable").head(_KEEP_TOP)
+    cols = {k: [_plain(v) for v in top[k].tolist()] for k in (*_top_keys(), "ip_version")}
+    return {"capture_kind": D.infer_capture(tally, cfg, sum(int(st["payload_packets"]) for st in states)),
+            "diagnosis": D.diagnose(tally, cols, cfg, whatif, engine)}
+
+
+def _top_keys() -> tuple[str, ...]:
+    from .api import _TOP_KEYS  # the serial summary's one list
+
+    return _TOP_KEYS
+
+
 def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], parts: list[Part],
-                   explicit: bool) -> dict:
+                   explicit: bool, diag: dict) -> dict:
     s0 = ss[0]
     cap = dict(s0["capture"])
     cap.update(name=parts[0].path, size=Path(parts[0].path).stat().st_size,
@@ -384,8 +423,7 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     out["bigtcp"] = {k: sum(s["bigtcp"].get(k, 0) for s in ss) for k in s0["bigtcp"]}
     out["max_bigtcp_ip_len"] = max(s["max_bigtcp_ip_len"] for s in ss)
     out["flows"] = len(flows)
-    from .api import _TOP_KEYS as keys  # the serial summary's (a part may have no top flow to copy them from)
-
+    keys = _top_keys()  # (a part may have no top flow to copy them from)
     top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
     out["top_flows"] = [{k: _plain(r[k]) for k in keys} for _, r in top.iterrows()]
     sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}, "late_segments": 0}
@@ -403,15 +441,7 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     out["suspect"] = suspect
     out["filter_audit"] = dict(s0["filter_audit"], results=_merge_audit(ss, explicit))
     out["parts"] = len(parts)
-    # what the parts' summaries cannot be added up into: the capture inference and the diagnosis rank per-flow
-    # counts, keep samples and re-run the GRO stage on the first packets, within one run. They are the first
-    # part's, and say so (a serial run gives the whole capture's)
-    scope = {"records": parts[0].records, "of": cap["packets"],
-             "text": f"from the first part of a split run only: records 1-{parts[0].records:,} of "
-                     f"{cap['packets']:,} (run without --jobs for the whole capture's)"}
-    for k in ("capture_kind", "diagnosis"):
-        if isinstance(s0.get(k), dict):
-            out[k] = dict(s0[k], scope=scope)
+    out.update(diag)
     return out
 
 

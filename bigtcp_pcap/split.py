@@ -28,8 +28,8 @@ from __future__ import annotations
 import io
 import mmap
 import os
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

@@ -123,8 +123,6 @@ def _diagnosis_html(d: dict) -> str:
     note = (d.get("what_if_input") or {}).get("note")
     if note:
         out.append(f"<p class='sub'>{_e(note)}</p>")
-    if d.get("scope"):  # a split run's (merge.py): the first part's diagnosis
-        out.append(f"<p class='sub'>Diagnosis {_e(d['scope']['text'])}</p>")
     return "".join(out)
 
 

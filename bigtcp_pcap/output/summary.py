@@ -107,8 +107,6 @@ def render_capture_kind(ck: dict, console: Console) -> None:
     """The post-GRO evidence and what the observed sizes say about the capturing host."""
     if not ck.get("post_gro"):
         return
-    if ck.get("scope"):
-        console.print(f"  (capture kind {ck['scope']['text']})", highlight=False, markup=False)
     for line in ck.get("evidence", []):
         console.print(f"  evidence: {line}", highlight=False, markup=False)
     for h in ck.get("host", []):
@@ -135,8 +133,6 @@ def render_diagnosis(diag: dict, console: Console) -> None:
     note = (diag.get("what_if_input") or {}).get("note")
     if note:
         console.print(f"  ({note})", highlight=False, markup=False)
-    if diag.get("scope"):
-        console.print(f"  (diagnosis {diag['scope']['text']})", highlight=False, markup=False)
 
 
 @contextmanager
