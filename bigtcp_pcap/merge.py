@@ -12,8 +12,8 @@ sequence kernel of ``flows/table.py`` re-run over the flow's packets in frame or
 
 from __future__ import annotations
 
-import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ from . import diagnose as D
 from . import findings as F
 from .audit.cbpf import SKIPPED_NOTE, reportable
 from .flows.table import CLOSE_TIMEOUT_NS, F_GAP, F_OOO, F_RETRANS, IDLE_TIMEOUT_NS, MAX_HOLES, NF, seq_kernel
-from .output.parquet import MERGE_ROWS, read_metadata
+from .output.parquet import MERGE_ROWS, TableSink, read_metadata
+from .output.tables import BY_NAME
 from .split import Part
 
 KEY = ["ip_version", "src", "dst", "sport", "dport"]
@@ -190,11 +191,6 @@ def _nearest_rank(values: np.ndarray) -> tuple[Any, Any, Any]:
     return tuple(int(v[max(1, int(np.ceil(q * total))) - 1]) for q in (0.50, 0.99)) + (int(v[-1]),)
 
 
-def _write(t: pa.Table, path: Path, meta: dict) -> None:
-    md = {f"bigtcp_pcap.{k}".encode(): json.dumps(v, default=str).encode() for k, v in meta.items()}
-    pq.write_table(t.replace_schema_metadata(md), path)
-
-
 def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out: Path, *,
                 packets: bool, explicit: bool = False, gro: Any = None, gro_engine: str = "compiled",
                 flow_timeouts_s: tuple[float, float] = (IDLE_TIMEOUT_NS / 1e9, CLOSE_TIMEOUT_NS / 1e9)) -> dict:
@@ -217,69 +213,114 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
         m[rows["flow_id"].to_numpy()] = rows["_gid"].to_numpy()
         maps.append(m)
 
-    spanning = bool(len(allf)) and int(allf.groupby("_gid").size().max()) > 1
-    packets_t = None
-    if packets or spanning:
-        # the packets tables when they are wanted, else the narrow rows parts write for the merge (flow_state)
-        name = "packets" if packets or not all((d / "merge_rows.parquet").exists() for d in dirs) else "merge_rows"
-        if not all((d / f"{name}.parquet").exists() for d in dirs):
-            raise NeedPackets("flows cross the cuts: the parts must be analysed with their packets")
-        cols = None if packets else list(MERGE_ROWS)
-        pk = [_remap(_shift(pq.read_table(d / f"{name}.parquet", columns=cols), ["frame"], o), "flow_id", m)
-              for d, o, m in zip(dirs, offs, maps)]
-        packets_t = pa.concat_tables(pk)
-    sp = [_remap(_shift(_read(d, "superpackets"), ["first_frame", "last_frame"], o), "flow_id", m)
-          for d, o, m in zip(dirs, offs, maps)]
-    for t in sp[:-1]:  # a part that ended with GRO entries held: when and why the serial run completes them
-        # depends on what its receive queue sees next, which that part did not see
-        if pc.any(pc.equal(pc.cast(t.column("flush_reason"), pa.string()), "end_of_capture")).as_py():
-            raise NotExact("a part ended with GRO entries held")
-    sp_t = pa.concat_tables(sp)
-
-    flows = _reduce_flows(allf, offs, packets_t, sp_t)
+    # the flows seen in several parts: their history-dependent columns are recomputed from their rows, the only
+    # rows kept in memory; every table is otherwise streamed part by part, a batch at a time, into the same
+    # writers a serial run uses (output/parquet.py TableSink: its encoding, its metadata, bounded memory)
+    sizes = allf.groupby("_gid").size()
+    multi = sizes.index[sizes.to_numpy() > 1].to_numpy(np.int64)
+    is_multi = np.zeros(int(allf["_gid"].max()) + 1 if len(allf) else 0, bool)
+    is_multi[multi] = True
     meta = read_metadata(dirs[0] / "flows.parquet")
     meta.update({"packet_count": int(sum(s["capture"]["packets"] for s in summaries)),
                  "source_name": Path(parts[0].path).name, "source_size": Path(parts[0].path).stat().st_size})
-    fschema = pq.read_schema(dirs[0] / "flows.parquet")
-    _write(pa.Table.from_pandas(flows, schema=fschema.remove_metadata(), preserve_index=False),
-           out / "flows.parquet", meta)
-    if packets:
-        _write(packets_t, out / "packets.parquet", meta)
-    else:
-        (out / "packets.parquet").unlink(missing_ok=True)
-    _write(sp_t, out / "superpackets.parquet", meta)
+    sinks: dict[str, TableSink] = {}
 
-    # findings: the parts' rows shifted, without their own capture-wide suspicion, which is recomputed here
-    fd = [_shift(_read(d, "findings"), ["frame"], o) for d, o in zip(dirs, offs)]
-    fd_t = pa.concat_tables(fd)
-    fd_t = fd_t.filter(pc.not_equal(fd_t.column("code"), SUSPECT.code))
-    hbh = sum(s["bigtcp"].get("hbh_jumbo", 0) for s in summaries)
-    v6 = (flows["ip_version"] == 6) & (flows["bigtcp_packets"] == 0)
-    gaps = int(flows.loc[v6, "capture_gap_bytes"].sum())
-    suspect = []
-    if gaps > 0 and hbh == 0:
-        msg = SUSPECT.template.format(value=gaps)
-        suspect.append(msg)
-        fd_t = pa.concat_tables([fd_t, pa.table({"frame": [0], "code": [SUSPECT.code],
-                                                 "severity": [SUSPECT.severity], "message": [msg]},
-                                                schema=fd_t.schema)])
-    _write(fd_t, out / "findings.parquet", meta)
+    def sink(name: str) -> TableSink:
+        spec = BY_NAME[name]
+        sinks[name] = TableSink(out / f"{name}.parquet", spec.schema, background=spec.background)
+        return sinks[name]
 
-    # filter audit: rows of each expression in the order the serial run writes them (expression, then frame)
-    au = [(k, _read(d, "filter_audit"), o) for k, (d, o) in enumerate(zip(dirs, offs))]
-    au = [(k, _shift(t, ["frame"], o)) for k, t, o in au if t is not None]
-    (out / "filter_audit.parquet").unlink(missing_ok=True)
-    if au:
-        order = summaries[0]["filter_audit"]["audited"]
-        pieces = []
-        for expr in order:
-            for _, t in au:
-                sel = t.filter(pc.equal(t.column("filter"), expr))
-                if sel.num_rows:
-                    pieces.append(sel)
-        _write(pa.concat_tables(pieces) if pieces else au[0][1].slice(0, 0), out / "filter_audit.parquet", meta)
-    diag = _diagnosis(parts, dirs, maps, flows, summaries, gro, gro_engine, flow_timeouts_s)
+    try:
+        packets_t = None
+        if packets or multi.size:
+            # the packets tables when they are wanted, else the narrow rows parts write for the merge (flow_state)
+            name = "packets" if packets or not all((d / "merge_rows.parquet").exists() for d in dirs) else \
+                "merge_rows"
+            if not all((d / f"{name}.parquet").exists() for d in dirs):
+                raise NeedPackets("flows cross the cuts: the parts must be analysed with their packets")
+            to = sink("packets") if packets else None
+            kept, pcols = [], list(MERGE_ROWS)
+            for d, o, m in zip(dirs, offs, maps, strict=True):
+                for t in _batches(d, name, o, m, ["frame"], None if packets else list(MERGE_ROWS)):
+                    if to is not None:
+                        to.write(t)
+                    kept.append(_of_flows(t, is_multi, pcols))
+            packets_t = _concat(kept, BY_NAME["packets"].schema, pcols)
+        sp_to, sp_kept = sink("superpackets"), []
+        for k, (d, o, m) in enumerate(zip(dirs, offs, maps, strict=True)):
+            for t in _batches(d, "superpackets", o, m, ["first_frame", "last_frame"]):
+                if k < len(dirs) - 1 and pc.any(pc.equal(pc.cast(t.column("flush_reason"), pa.string()),
+                                                         "end_of_capture")).as_py():
+                    # a part that ended with GRO entries held: when and why the serial run completes them
+                    # depends on what its receive queue sees next, which that part did not see
+                    raise NotExact("a part ended with GRO entries held")
+                sp_to.write(t)
+                sp_kept.append(_of_flows(t, is_multi, ["flow_id", "payload_len"]))
+        flows = _reduce_flows(allf, offs, packets_t,
+                              _concat(sp_kept, BY_NAME["superpackets"].schema, ["flow_id", "payload_len"]))
+        fschema = BY_NAME["flows"].schema
+        sink("flows").write(pa.Table.from_pandas(flows, schema=fschema.remove_metadata(), preserve_index=False))
+
+        # findings: the parts' rows shifted, without their own capture-wide suspicion, which is recomputed here
+        fd_to = sink("findings")
+        for d, o in zip(dirs, offs, strict=True):
+            for t in _batches(d, "findings", o, None, ["frame"]):
+                fd_to.write(t.filter(pc.not_equal(t.column("code"), SUSPECT.code)))
+        hbh = sum(s["bigtcp"].get("hbh_jumbo", 0) for s in summaries)
+        v6 = (flows["ip_version"] == 6) & (flows["bigtcp_packets"] == 0)
+        gaps = int(flows.loc[v6, "capture_gap_bytes"].sum())
+        suspect = []
+        if gaps > 0 and hbh == 0:
+            msg = SUSPECT.template.format(value=gaps)
+            suspect.append(msg)
+            fd_to.write_columns({"frame": [0], "code": [SUSPECT.code], "severity": [SUSPECT.severity],
+                                 "message": [msg]})
+
+        # filter audit: rows of each expression in the order the serial run writes them (expression, then frame)
+        if any((d / "filter_audit.parquet").exists() for d in dirs):
+            au_to = sink("filter_audit")
+            for expr in summaries[0]["filter_audit"]["audited"]:
+                for d, o in zip(dirs, offs, strict=True):
+                    for t in _batches(d, "filter_audit", o, None, ["frame"]):
+                        au_to.write(t.filter(pc.equal(pc.cast(t.column("filter"), pa.string()), expr)))
+        diag = _diagnosis(parts, dirs, maps, flows, summaries, gro, gro_engine, flow_timeouts_s)
+        for sk in sinks.values():
+            sk.close(meta)
+    except BaseException:
+        for sk in sinks.values():
+            sk.abort()
+        raise
+    for t in ("packets", "filter_audit"):
+        if t not in sinks:
+            (out / f"{t}.parquet").unlink(missing_ok=True)
     return _merge_summary(summaries, flows, suspect, parts, explicit, diag)
+
+
+def _batches(d: Path, table: str, off: int, fmap: np.ndarray | None, frames: list[str],
+             columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """A part's table a batch at a time: its ``frames`` columns shifted by the records before the part, its
+    flow ids mapped to the merged ones (``fmap``)."""
+    path = d / f"{table}.parquet"
+    if not path.exists():
+        return
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=1 << 16, columns=columns):
+        t = _shift(pa.Table.from_batches([rb]), frames, off)
+        yield t if fmap is None else _remap(t, "flow_id", fmap)
+
+
+def _of_flows(t: pa.Table, is_multi: np.ndarray, columns: list[str]) -> pa.Table:
+    """The rows of ``t`` (``columns``) whose flow is one of those marked in ``is_multi``."""
+    fid = _np(t, "flow_id", np.int64, -1)
+    ok = (fid >= 0) & (fid < is_multi.size)
+    ok[ok] = is_multi[fid[ok]]
+    return t.select(columns).filter(pa.array(ok))
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema, columns: list[str]) -> pa.Table:
+    """The kept rows as one table (none: an empty one of ``schema``'s ``columns``)."""
+    if tables:
+        return pa.concat_tables(tables)
+    return pa.schema([schema.field(c) for c in columns]).empty_table()
 
 
 def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | None, sp_t: pa.Table) -> pd.DataFrame:
