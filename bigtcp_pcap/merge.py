@@ -221,8 +221,10 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
     is_multi = np.zeros(int(allf["_gid"].max()) + 1 if len(allf) else 0, bool)
     is_multi[multi] = True
     meta = read_metadata(dirs[0] / "flows.parquet")
+    audit = _merge_audit(summaries, explicit)
     meta.update({"packet_count": int(sum(s["capture"]["packets"] for s in summaries)),
-                 "source_name": Path(parts[0].path).name, "source_size": Path(parts[0].path).stat().st_size})
+                 "source_name": Path(parts[0].path).name, "source_size": Path(parts[0].path).stat().st_size,
+                 "params": dict(meta.get("params") or {}, filters=[r["expr"] for r in audit])})
     sinks: dict[str, TableSink] = {}
 
     def sink(name: str) -> TableSink:
@@ -293,7 +295,7 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
     for t in ("packets", "filter_audit"):
         if t not in sinks:
             (out / f"{t}.parquet").unlink(missing_ok=True)
-    return _merge_summary(summaries, flows, suspect, parts, explicit, diag)
+    return _merge_summary(summaries, flows, suspect, parts, audit, diag)
 
 
 def _batches(d: Path, table: str, off: int, fmap: np.ndarray | None, frames: list[str],
@@ -447,7 +449,7 @@ def _top_keys() -> tuple[str, ...]:
 
 
 def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], parts: list[Part],
-                   explicit: bool, diag: dict) -> dict:
+                   audit: list[dict], diag: dict) -> dict:
     s0 = ss[0]
     cap = dict(s0["capture"])
     cap.update(name=parts[0].path, size=Path(parts[0].path).stat().st_size,
@@ -480,7 +482,7 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
         nfd = _add(nfd, s["not_fully_decoded"])
     out["not_fully_decoded"] = nfd
     out["suspect"] = suspect
-    out["filter_audit"] = dict(s0["filter_audit"], results=_merge_audit(ss, explicit))
+    out["filter_audit"] = dict(s0["filter_audit"], results=audit)
     out["parts"] = len(parts)
     out.update(diag)
     return out

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from bigtcp_pcap import analyze, analyze_many
 from bigtcp_pcap.cli import app
 from bigtcp_pcap.many import analyze_split
+from bigtcp_pcap.output.parquet import read_metadata
 from bigtcp_pcap.output.tables import TABLES  # the registry (output/tables.py)
 from bigtcp_pcap.split import find_parts, idle_gap_ns, record_times
 
@@ -70,6 +71,9 @@ def test_split_capture_equals_serial_run(cap, ack_delay_ns, tmp_path):
     assert ("parts" in on_disk) == ("serial_because" not in split.params and split.params.get("parts", 1) > 1)
     for k in want:
         assert on_disk[k] == want[k], k
+    for t in TABLES:  # and each table's provenance (the audited filters, the packet count ...)
+        if (serial.outdir / f"{t}.parquet").exists():
+            assert read_metadata(split.outdir / f"{t}.parquet") == read_metadata(serial.outdir / f"{t}.parquet"), t
 
 
 @pytest.mark.parametrize("ack_delay_ns", [200_000_000, 1_000_000], ids=["200ms", "1ms"])
