@@ -188,6 +188,7 @@ def whatif_input(source, cfg: GroConfig, gro_engine: str = "compiled",
         raise run.error
     return run.whatif
 
+
 class _Run:
     """The state of one ``analyze`` run: the reader, the stages, the sinks, and why the tables are partial."""
 
