@@ -78,22 +78,12 @@ def test_runs(paths: list[Path], dst: Path, pause_s: int = 1) -> None:
 
 
 def timed(args: list[str], repeat: int) -> dict:
-    best = None
-    for _ in range(repeat):
-        la0 = os.getloadavg()[0]
-        t = time.perf_counter()
-        r = subprocess.run([CLI, *args, "--no-progress"], capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - t
-        if r.returncode not in (0, 1):
-            raise SystemExit(f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-1000:]}")
-        run = {"wall": wall, "load_before": la0, "load_after": os.getloadavg()[0]}
-        if best is None or wall < best["wall"]:
-            best = run
-    return best
+    """The fastest of ``repeat`` runs of one command."""
+    return timed_pair([args], repeat)
 
 
 def timed_pair(arg_sets: list[list[str]], repeat: int) -> dict:
-    """The fastest of ``repeat`` runs of the commands started together (wall time until both ended)."""
+    """The fastest of ``repeat`` runs of the commands started together (wall time until all ended)."""
     best = None
     for _ in range(repeat):
         la0 = os.getloadavg()[0]
@@ -102,7 +92,7 @@ def timed_pair(arg_sets: list[list[str]], repeat: int) -> dict:
                                   stderr=subprocess.PIPE, text=True) for args in arg_sets]
         errs = [p.communicate()[1] for p in procs]
         wall = time.perf_counter() - t
-        for p, e in zip(procs, errs):
+        for p, e in zip(procs, errs, strict=True):
             if p.returncode not in (0, 1):
                 raise SystemExit(f"{' '.join(p.args)} failed ({p.returncode}): {e[-1000:]}")
         run = {"wall": wall, "load_before": la0, "load_after": os.getloadavg()[0]}
