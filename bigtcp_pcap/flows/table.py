@@ -859,9 +859,9 @@ class FlowTable:
         held, kept for a later call; ``hold_from_frame``: flows with a packet at this frame or later are kept
         too (their rows wait in a later stage: the ACK evidence's lookahead)."""
         cap = self.F.shape[0]
-        if self._R.shape[0] < cap:
-            self._R = np.zeros((cap, NR), np.int64)
-            self._RK = np.zeros((cap, 5), np.uint64)
+        if self._R.shape[0] < cap:  # sized for every flow ending at once; resident only as far as rows are written
+            self._R = lazy_zeros((cap, NR), np.int64)
+            self._RK = lazy_zeros((cap, 5), np.uint64)
         held = np.zeros(0, np.int64) if held_flow_ids is None else np.ascontiguousarray(held_flow_ids, np.int64)
         hold_from = np.int64(np.iinfo(np.int64).max if hold_from_frame is None else hold_from_frame)
         # Every alive slot is judged only when one may have ended: after the earliest deadline of the last full

@@ -82,6 +82,7 @@ from .superpacket import COLUMN_TYPES, SuperPacketBatch
 
 BIG = 1 << 62  # max_gro_skbs = inf, poll_gap_us = inf
 RECYCLE_MIN = 1 << 16  # recycle() looks at the keys once there are this many (and twice as many as last time)
+FEED_ROOM = 1 << 16  # new keys a feed may add past the recycle point without growing the tables (a batch's rows)
 NS = 1_000_000_000
 MAX_HZ = 10**6
 MAX_PHASE = 1 << 61
@@ -951,16 +952,22 @@ class CompiledGroEngine:
         k = int(old.shape[0])
         new_of = np.full(n + 1, -1, np.int64)  # new_of[-1] = -1: list ends stay -1
         new_of[old] = np.arange(k)
-        S2 = np.zeros((max(64, 2 * k), NSF), np.int64)
-        S2[:k] = S[old]
+        # compacted in place (a new table beside the old one was the run's peak on many flows); room for the keys
+        # until the next recycle (2k) and one feed's new keys past it, so the feed that reaches 2k does not double
+        # the tables first (rows never written stay unmapped: np.zeros of a large table maps it)
+        cap = 2 * k + FEED_ROOM
+        if self._S.shape[0] < cap or self._keys.shape[0] < cap:
+            S2, keys = np.zeros((cap, NSF), np.int64), np.zeros((cap, NKEY), np.uint64)
+            khash = np.zeros(cap, np.uint64)
+            S2[:k], keys[:k], khash[:k] = S[old], self._keys[old], self._khash[old]
+        else:  # the kept rows move down (old is ascending: row i comes from row old[i] >= i)
+            S2, keys, khash = self._S, self._keys, self._khash
+            S2[:k], keys[:k], khash[:k] = S2[old], keys[old], khash[old]
+            S2[k:n], keys[k:n], khash[k:n] = 0, 0, 0  # new keys start from zeroed rows
         for c in (G_PREV, G_NEXT):
             S2[:k, c] = new_of[S2[:k, c]]
         for c in (B_HEAD, B_TAIL):
             self._B[:, :, c] = new_of[self._B[:, :, c]]
-        keys = np.zeros((max(64, 2 * k), NKEY), np.uint64)
-        keys[:k] = self._keys[old]
-        khash = np.zeros(keys.shape[0], np.uint64)
-        khash[:k] = self._khash[old]
         size = 256
         while size < 2 * (k + 1):
             size *= 2
@@ -970,8 +977,8 @@ class CompiledGroEngine:
         D_old = self._D
         did_old, rdid_old = S2[:k, G_DID].copy(), S2[:k, G_RDID].copy()
         self._S, self._keys, self._khash, self._ngid = S2, keys, khash, k
-        self._D = np.zeros(16, np.int64)
-        self._DK = np.zeros((16, 5), np.uint64)
+        self._D = np.zeros(2 * cap, np.int64)  # two direction ids per key at most
+        self._DK = np.zeros((2 * cap, 5), np.uint64)
         self._DTAB = np.full(64, -1, np.int64)
         self._DST[0] = 0
         if k:
