@@ -27,6 +27,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .buffers import tune_malloc
 from .cli_options import config_options
 from .errors import BigtcpError, Interrupted, UsageError
 from .gro.config import GroConfig
@@ -273,8 +274,8 @@ _register_subcommands()
 def main() -> None:
     """Console entry point. Ends with os._exit once output is flushed and every file is closed: the interpreter's
     teardown of numba/LLVM and pyarrow state takes ~0.5 s and does nothing a finished run needs.
-
     """
+    tune_malloc()  # state tables in their own memory maps, batch columns on the heap (buffers.py)
     try:  # typer >= 0.24 carries its own copy of click
         from typer._click import exceptions as cx
     except ImportError:

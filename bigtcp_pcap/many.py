@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from . import findings as F
+from .buffers import tune_malloc
 from .split import Part, PartReader, find_parts, idle_gap_ns, part_name, whole
 
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar", ".gz", ".bz2", ".xz", ".zst")
@@ -65,30 +66,6 @@ def warm() -> str:
     return _native.MODE
 
 
-_MALLOC_SET = False
-
-
-def batch_friendly_malloc() -> bool:
-    """Undo a fixed glibc trim threshold in this process (once): a Dask nanny starts its workers with
-    ``MALLOC_TRIM_THRESHOLD_=65536`` (``distributed.nanny.pre-spawn-environ``), and setting any threshold turns
-    off glibc's dynamic mmap threshold, so every batch array (>= 128 KiB) is mmapped, faulted in and unmapped
-    again. A 1 M-packet part measured 1.30-1.36 s that way against 0.57-0.78 s without it (same peak RSS,
-    385 MiB). Set here to where the dynamic threshold settles for these batch sizes (mmap 32 MiB, trim 64 MiB).
-    True when it changed something."""
-    global _MALLOC_SET
-    if _MALLOC_SET or not os.environ.get("MALLOC_TRIM_THRESHOLD_"):
-        return False
-    _MALLOC_SET = True
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL(None).mallopt  # glibc (musl has no tunable thresholds)
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 64 << 20))
-
-
 def run_task(task: dict) -> dict:
     """One unit of work: analyse a capture or a part into ``task['outdir']``; returns paths and the summary.
 
@@ -98,7 +75,7 @@ def run_task(task: dict) -> dict:
     from .api import analyze
     from .errors import CaptureError, UsageError
 
-    batch_friendly_malloc()
+    tune_malloc()
     part: Part | None = task.get("part")
     out = Path(task["outdir"])
     src: Any = task["path"] if part is None or part.records < 0 else PartReader(part)

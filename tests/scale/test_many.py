@@ -162,10 +162,10 @@ def test_dask_localcluster(tmp_path):
         cap = KERNEL / "v6_80000.snd.pcap"
         split = analyze_split(cap, tmp_path / "split", client=client, parts=3)
         assert split.params["parts"] >= 2
-        # the nanny fixed the workers' glibc trim threshold; their tasks undid it (batch_friendly_malloc)
+        # the nanny fixed the workers' glibc trim threshold; their tasks set both thresholds (tune_malloc)
         env = client.run(lambda: __import__("os").environ.get("MALLOC_TRIM_THRESHOLD_"))
         assert set(env.values()) == {"65536"}, env
-        assert all(client.run(lambda: __import__("bigtcp_pcap.many").many._MALLOC_SET).values())
+        assert all(client.run(lambda: __import__("bigtcp_pcap.buffers").buffers._MALLOC_TUNED).values())
     assert_same_tables(analyze(cap, outdir=tmp_path / "serial").outdir, split.outdir)
 
 
@@ -439,38 +439,46 @@ def test_cut_finder_maps_windows(tmp_path):
     assert [p.records for p in find_parts(big, 3, 1_000_000_000, window=page)] == [4, 4, 4]
 
 MALLINFO = """
-import ctypes, json, sys
+import ctypes, json
 import numpy as np
 class MI(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                              "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = MI
-from bigtcp_pcap.many import batch_friendly_malloc
-out = {}
-for step in ("before", "after"):
-    if step == "after":
-        out["changed"] = batch_friendly_malloc()
-    a = np.ones(4 << 20, np.uint8)  # 4 MiB: mmapped below the threshold, from the heap above it
-    out[step] = libc.mallinfo2().hblkhd >= (4 << 20)
+from bigtcp_pcap.buffers import tune_malloc
+
+def mapped(nbytes):  # was this array given its own memory map (not carved from the heap)?
+    before = libc.mallinfo2().hblkhd
+    a = np.ones(nbytes, np.uint8)
+    got = libc.mallinfo2().hblkhd - before >= nbytes
     del a
+    return got
+
+table, column = 16 << 20, 1 << 20  # a state table; a batch column (65,536 rows of 16 bytes)
+out = {"default": [mapped(table), mapped(table), mapped(column)]}
+out["changed"] = tune_malloc()
+table = 24 << 20  # larger than the hole the default left in the heap (a hole that fits is reused first)
+out["tuned"] = [mapped(table), mapped(table), mapped(column)]
 print(json.dumps(out))
 """
 
 
 @pytest.mark.parametrize("trim", ["65536", None], ids=["dask-nanny-env", "default"])
-def test_batch_arrays_come_from_the_heap_in_dask_workers(trim):
-    """With the trim threshold a Dask nanny sets, every 4 MiB batch array is its own mmap (glibc's dynamic
-    threshold is off); ``batch_friendly_malloc`` (run by every task) puts them back on the heap. Without the
-    variable it changes nothing (glibc's own dynamic threshold does that after the first frees)."""
+def test_malloc_maps_tables_and_keeps_batches_on_the_heap(trim):
+    """glibc's default: the first 16 MiB table is mapped, the next comes from the heap (the dynamic threshold
+    rose to it when the first was freed) and stays there as a hole when freed. Under a Dask nanny's
+    ``MALLOC_TRIM_THRESHOLD_`` the threshold is fixed at 128 KiB: even a 1 MiB batch column is mapped,
+    faulted in and unmapped. ``tune_malloc`` (the CLI and every worker task run it): tables mapped, batch
+    columns on the heap, either way."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     if trim:
         env["MALLOC_TRIM_THRESHOLD_"] = trim
     r = subprocess.run([sys.executable, "-c", MALLINFO], capture_output=True, text=True, check=True, env=env)
     got = json.loads(r.stdout)
-    # the first array is mmapped either way; the second one too only when the threshold is fixed and not undone
-    assert got == {"before": True, "changed": bool(trim), "after": False}
+    want_default = [True, True, True] if trim else [True, False, False]
+    assert got == {"default": want_default, "changed": True, "tuned": [True, True, False]}
