@@ -17,7 +17,7 @@ Three parts, all fed batch by batch from ``analyze()`` (bounded memory) and fini
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -31,7 +31,6 @@ from .gro.superpacket import SOURCE_OBSERVED, SuperPacketBatch
 
 WHATIF_MAX_PACKETS = 131072
 """Decoded packets kept for the what-if runs (~170 bytes each): the first this many of the capture."""
-OBSERVED_MAX_ROWS = 1_000_000
 """Observed super-packets whose sizes are kept for the inference (~23 bytes each)."""
 TOP_FLOWS = 5
 BIG_TCP_SIZE = 185000  # the value the BIG TCP patches and most guides use for gso/gro_max_size
@@ -77,13 +76,14 @@ KNOB_TEXT = {
 
 
 class _KeyedSums:
-    """int64 sums (and a first-seen ordinal, kept by min) per int64 key ``flow << 7 | code``, from rows appended
+    """int64 sums (and a first-seen ordinal, kept by min) per int64 key ``flow << shift | code``, from rows appended
     batch by batch. The rows are merged by key whenever the appended ones outnumber the merged keys, and then
     keys whose flow ``keep`` rejects (a flow that has left memory and is not among the top flows) are dropped:
     memory follows the flows alive at once, not the capture. Vectorised; no Python per flow."""
 
-    def __init__(self, width: int, keep: Callable[[np.ndarray], np.ndarray] | None) -> None:
+    def __init__(self, width: int, keep: Callable[[np.ndarray], np.ndarray] | None, shift: int = 7) -> None:
         self.keep = keep
+        self.shift = shift  # key = flow << shift | code
         self.keys = np.zeros(0, np.int64)
         self.sums = np.zeros((0, width), np.int64)
         self.first = np.zeros(0, np.int64)
@@ -108,15 +108,143 @@ class _KeyedSums:
         starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, np.int64)
         k, s, f = k[starts], np.add.reduceat(s, starts, axis=0), np.minimum.reduceat(f, starts)
         if prune and self.keep is not None and len(k):
-            live = self.keep(k >> 7)
+            live = self.keep(k >> self.shift)
             k, s, f = k[live], s[live], f[live]
         self.keys, self.sums, self.first = k, s, f
 
     def of_flow(self, flow: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(codes, sums, first) of one flow's keys."""
         self.merge()
-        lo, hi = np.searchsorted(self.keys, [flow << 7, (flow + 1) << 7])
-        return self.keys[lo:hi] & 127, self.sums[lo:hi], self.first[lo:hi]
+        lo, hi = np.searchsorted(self.keys, [flow << self.shift, (flow + 1) << self.shift])
+        return self.keys[lo:hi] & ((1 << self.shift) - 1), self.sums[lo:hi], self.first[lo:hi]
+
+
+# per-flow keys of the observed sizes: flow << OBS_SHIFT | kind << OBS_BITS | value
+OBS_BITS = 21
+OBS_SHIFT = OBS_BITS + 3
+OBS_VALUE_MAX = (1 << OBS_BITS) - 1
+OBS_D, OBS_D_PSH, OBS_BUDGET, OBS_MSS, OBS_NSEG = range(5)  # kinds (OBS_D*: value 65536 - l3_len of a row)
+_VERSIONS = (4, 6)
+# per IP version: rows, largest l3_len (the first row of it), its segments, MSS, rows at the budget, most segments
+V_COUNT, V_LMAX, V_SMAX, V_MSS, V_BUDGET, V_NMAX = range(6)
+
+
+class ObservedSizes:
+    """What the capture inference and the per-flow ``observed`` ends need of the observed super-packets (input
+    packets that already carry several segments), as exact aggregates that do not grow with the capture: per
+    IP version the counts and maxima ``_infer_version`` reads and a histogram of IP lengths below 64 KiB (its
+    share near 64 KiB needs the final MSS); per flow, counts keyed by (kind, value) in a ``_KeyedSums`` pruned
+    with the tally's flows (``flow_ends``). It used to keep the first 1 M observed rows (23 MiB, and the
+    capture-level counts stopped at 1 M rows)."""
+
+    def __init__(self, weight: int, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        self.weight = weight
+        self.n = 0  # every observed row (any IP version)
+        self.nseg_max = 0
+        self.l3_max = 0
+        self.big = 0  # rows above 64 KiB
+        self.v = np.zeros((len(_VERSIONS), 6), np.int64)
+        self.v[:, V_LMAX] = -1
+        self.hist = np.zeros((len(_VERSIONS), GRO_LEGACY_MAX_SIZE), np.int64)  # rows per l3_len below 64 KiB
+        self.flows = _KeyedSums(1, keep, shift=OBS_SHIFT)
+        self.batches = 0
+
+    def add(self, fid: np.ndarray, ver: np.ndarray, l3: np.ndarray, nseg: np.ndarray, pay: np.ndarray,
+            flags: np.ndarray, rows: np.ndarray) -> None:
+        """Count observed rows (int64 flow ids and row ordinals; the other columns in their own types)."""
+        if not fid.size:
+            return
+        self.batches += 1
+        l3, nseg, pay = l3.astype(np.int64), nseg.astype(np.int64), pay.astype(np.int64)
+        self.n += int(fid.size)
+        self.nseg_max = max(self.nseg_max, int(nseg.max()))
+        self.l3_max = max(self.l3_max, int(l3.max()))
+        self.big += int((l3 > GRO_LEGACY_MAX_SIZE - 1).sum())
+        for j, version in enumerate(_VERSIONS):
+            sel = ver == version
+            if not sel.any():
+                continue
+            vl3, vn, vp = l3[sel], nseg[sel], pay[sel]
+            a = self.v[j]
+            i = int(np.argmax(vl3))
+            if int(vl3[i]) > a[V_LMAX]:  # the first of the largest, as argmax over all rows
+                a[V_LMAX], a[V_SMAX] = vl3[i], vn[i]
+            a[V_MSS] = max(int(a[V_MSS]), int(np.max(np.where(vn > 0, (vp + np.maximum(vn, 1) - 1)
+                                                               // np.maximum(vn, 1), 0))))
+            a[V_BUDGET] += int((vn == self.weight).sum())
+            a[V_NMAX] = max(int(a[V_NMAX]), int(vn.max()))
+            a[V_COUNT] += vl3.size
+            low = vl3[vl3 < GRO_LEGACY_MAX_SIZE]
+            if low.size:
+                self.hist[j] += np.bincount(low, minlength=GRO_LEGACY_MAX_SIZE)
+        # per flow: rows at the budget; the others by their distance below 64 KiB and PSH; MSS and segments seen
+        one = np.maximum(nseg, 1)
+        mss = np.minimum((pay + one - 1) // one, OBS_VALUE_MAX)
+        budget = nseg >= self.weight
+        d = np.where(l3 < GRO_LEGACY_MAX_SIZE, GRO_LEGACY_MAX_SIZE - l3, GRO_LEGACY_MAX_SIZE + 1)
+        kind = np.where(budget, OBS_BUDGET, np.where((flags & TH_PSH) != 0, OBS_D_PSH, OBS_D))
+        base = fid << OBS_SHIFT
+        keys = np.concatenate([base | (kind << OBS_BITS) | np.where(budget, 0, d),
+                               base | (OBS_MSS << OBS_BITS) | mss,
+                               base | (OBS_NSEG << OBS_BITS) | np.minimum(nseg, OBS_VALUE_MAX)])
+        self.flows.add(keys, np.ones((keys.size, 1), np.int64), np.tile(rows, 3))
+
+    def flow_ends(self, fid: int) -> dict[str, Any]:
+        """How one flow's observed super-packets end: at the NAPI budget, within one (the flow's largest)
+        segment below 64 KiB, with PSH, or otherwise."""
+        codes, sums, _ = self.flows.of_flow(fid)
+        if not codes.size:
+            return {"ends": {}, "ends_text": "sizes not kept"}
+        kind, value, cnt = codes >> OBS_BITS, codes & OBS_VALUE_MAX, sums[:, 0]
+        mss = int(value[kind == OBS_MSS].max(initial=0))
+        near = (kind <= OBS_D_PSH) & (value <= mss)
+        ends = {"napi_budget": int(cnt[kind == OBS_BUDGET].sum()), "below_64k": int(cnt[near].sum()),
+                "psh": int(cnt[(kind == OBS_D_PSH) & ~near].sum()), "other": int(cnt[(kind == OBS_D) & ~near].sum())}
+        words = {"napi_budget": f"{self.weight} segments (NAPI budget)", "below_64k": "within one segment of 64 KiB",
+                 "psh": "PSH (end of a write)", "other": "shorter, no PSH (a poll end or the host's size limit)"}
+        parts = [f"{v:,} at {words[k]}" if k in ("napi_budget",) else f"{v:,} {words[k]}"
+                 for k, v in sorted(ends.items(), key=lambda t: -t[1]) if v]
+        return {"ends": ends, "ends_text": ", ".join(parts), "max_segments": int(value[kind == OBS_NSEG].max())}
+
+    def version(self, ver: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(aggregates, histogram) of one IP version, None without rows."""
+        j = _VERSIONS.index(ver)
+        return (self.v[j], self.hist[j]) if self.v[j, V_COUNT] else None
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything, as arrays (a split run's part writes it; ``merge`` adds the parts up in capture order)."""
+        self.flows.merge()
+        nz = [np.flatnonzero(h) for h in self.hist]
+        return {"obs_scalars": np.array([self.n, self.nseg_max, self.l3_max, self.big, self.batches], np.int64),
+                "obs_versions": self.v.copy(),
+                "obs_hist_v4_at": nz[0], "obs_hist_v4": self.hist[0][nz[0]],
+                "obs_hist_v6_at": nz[1], "obs_hist_v6": self.hist[1][nz[1]],
+                "obs_keys": self.flows.keys, "obs_counts": self.flows.sums[:, 0], "obs_first": self.flows.first}
+
+    def merge(self, st: dict[str, np.ndarray], fmap: np.ndarray, row_base: int) -> None:
+        """Add a later part's ``state()`` (its flow ids mapped by ``fmap``, its rows numbered from ``row_base``)."""
+        n, nseg_max, l3_max, big, batches = (int(x) for x in st["obs_scalars"])
+        self.n += n
+        self.nseg_max, self.l3_max = max(self.nseg_max, nseg_max), max(self.l3_max, l3_max)
+        self.big += big
+        self.batches += batches
+        for j in range(len(_VERSIONS)):
+            a, b = self.v[j], st["obs_versions"][j]
+            if b[V_COUNT] == 0:
+                continue
+            if b[V_LMAX] > a[V_LMAX]:  # an earlier part's largest wins a tie (the first row of it)
+                a[V_LMAX], a[V_SMAX] = b[V_LMAX], b[V_SMAX]
+            a[V_MSS], a[V_NMAX] = max(a[V_MSS], b[V_MSS]), max(a[V_NMAX], b[V_NMAX])
+            a[V_COUNT] += b[V_COUNT]
+            a[V_BUDGET] += b[V_BUDGET]
+            tag = f"obs_hist_v{_VERSIONS[j]}"
+            self.hist[j][st[tag + "_at"]] += st[tag]
+        keys = st["obs_keys"].astype(np.int64)
+        if keys.size:
+            keys = (fmap[keys >> OBS_SHIFT] << OBS_SHIFT) | (keys & ((1 << OBS_SHIFT) - 1))
+            self.flows.add(keys, st["obs_counts"].astype(np.int64).reshape(-1, 1),
+                           st["obs_first"].astype(np.int64) + row_base)
+
 
 
 class SuperPacketTally:
@@ -137,8 +265,7 @@ class SuperPacketTally:
         # row is counted under; 64 + r: engine reason r of a row counted under size_limit (``also``)
         self._sums = _KeyedSums(3, keep)
         self._rows = 0
-        self._obs: list[tuple[np.ndarray, ...]] = []
-        self._obs_rows = 0
+        self.observed = ObservedSizes(cfg.napi_weight, keep)
 
     def add(self, spb: SuperPacketBatch) -> None:
         """Count one batch of rows (already labelled ``observed`` where the capture aggregated them)."""
@@ -164,12 +291,10 @@ class SuperPacketTally:
             self._sums.add((fid[idx] << 7) | (64 + reason[idx]), sums[idx], rows[idx])
         self._rows += n
         obs = spb.source == SOURCE_OBSERVED
-        if obs.any() and self._obs_rows < OBSERVED_MAX_ROWS:
-            # the first OBSERVED_MAX_ROWS, kept in their own (narrow) types, ~23 bytes a row (observed())
-            idx = np.flatnonzero(obs)[:OBSERVED_MAX_ROWS - self._obs_rows]
-            self._obs.append((fid[idx], spb.ip_version[idx], spb.l3_len[idx], spb.n_segments[idx],
-                              spb.payload_len[idx], spb.tcp_flags[idx]))
-            self._obs_rows += int(idx.size)
+        if obs.any():
+            idx = np.flatnonzero(obs)
+            self.observed.add(fid[idx], spb.ip_version[idx], spb.l3_len[idx], spb.n_segments[idx],
+                              spb.payload_len[idx], spb.tcp_flags[idx], rows[idx])
 
     def reasons(self, flow: int) -> list[tuple[str, list[int]]]:
         """(reason, [rows, bytes, rows at the NAPI budget]) of one flow, most bytes first."""
@@ -186,47 +311,31 @@ class SuperPacketTally:
         sel = sel[np.argsort(first[sel], kind="stable")]
         return {R.REASON_NAMES[int(code[i]) - 64]: int(sums[i, 0]) for i in sel}
 
-    OBSERVED_COLUMNS = ("flow_id", "ip_version", "l3_len", "n_segments", "payload_len", "tcp_flags")
-
     def state(self) -> dict[str, np.ndarray]:
         """What a split run's merge needs of a part's tally (``merged``): the sums per key, the rows counted and
-        the kept observed rows; written by the part as ``diagnosis_state.npz``."""
+        the observed sizes; written by the part as ``diagnosis_state.npz``."""
         self._sums.merge()
-        obs = [np.concatenate([o[i] for o in self._obs]) if self._obs else np.zeros(0, np.int64)
-               for i in range(len(self.OBSERVED_COLUMNS))]
         return {"keys": self._sums.keys, "sums": self._sums.sums, "first": self._sums.first,
-                "rows": np.int64(self._rows), **{"obs_" + c: a for c, a in zip(self.OBSERVED_COLUMNS, obs)}}
+                "rows": np.int64(self._rows), **self.observed.state()}
 
     @classmethod
     def merged(cls, states: list[dict[str, np.ndarray]], flow_maps: list[np.ndarray],
                cfg: GroConfig | None = None) -> SuperPacketTally:
         """The tally of the whole capture from its parts' ``state()`` (kept unpruned) in capture order:
         ``flow_maps[k]`` maps part k's flow ids to the whole capture's (``merge.py``); rows are numbered on
-        from the earlier parts', so ties rank as in the serial run, and the observed rows are the first
-        OBSERVED_MAX_ROWS of the parts' in order."""
+        from the earlier parts', so ties rank as in the serial run."""
         t = cls(cfg)
         base = 0
         for st, fmap in zip(states, flow_maps, strict=True):
             keys = st["keys"].astype(np.int64)
             keys = (fmap[keys >> 7] << 7) | (keys & 127) if keys.size else keys
             t._sums.add(keys, st["sums"].astype(np.int64), st["first"].astype(np.int64) + base)
+            t.observed.merge(st, fmap, base)
             base += int(st["rows"])
-            obs = [st["obs_" + c] for c in cls.OBSERVED_COLUMNS]
-            room = OBSERVED_MAX_ROWS - t._obs_rows
-            if obs[0].size and room > 0:
-                obs = [o[:room] for o in obs]
-                obs[0] = fmap[obs[0].astype(np.int64)].astype(obs[0].dtype)
-                t._obs.append(tuple(obs))
-                t._obs_rows += int(obs[0].size)
         t._sums.merge()
+        t.observed.flows.merge()
         t._rows = base
         return t
-
-    def observed(self) -> list[dict[str, np.ndarray]]:
-        """The kept observed rows as chunks (one per batch, in order) of columns flow_id, ip_version, l3_len,
-        n_segments, payload_len, tcp_flags in their own narrow types: never joined (~1 M rows would be 23 MiB
-        more, 48 MiB as int64); callers widen what they select, a chunk at a time."""
-        return [dict(zip(self.OBSERVED_COLUMNS, o, strict=True)) for o in self._obs]
 
 
 @dataclass
@@ -303,8 +412,8 @@ def label_observed(spb: SuperPacketBatch) -> SuperPacketBatch:
 # --- what the observed sizes say about the capturing host -----------------------------------------------------
 def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int) -> dict[str, Any]:
     """Is the capture post-GRO (or TSO-side), the evidence, and the limits the observed sizes imply."""
-    chunks = tally.observed()
-    n = sum(int(c["l3_len"].size) for c in chunks)
+    obs = tally.observed
+    n = obs.n
     out: dict[str, Any] = {"post_gro": False, "observed_superpackets": n, "evidence": [], "host": [],
                            "contradictions": []}
     if n == 0:
@@ -314,43 +423,25 @@ def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int)
     out["post_gro"] = True
     out["kind"] = "post-GRO (or TSO-side)"
     share = n / max(1, payload_packets)
-    nseg_max = max(int(c["n_segments"].max()) for c in chunks if c["n_segments"].size)
-    l3_max = max(int(c["l3_len"].max()) for c in chunks if c["l3_len"].size)
     out["evidence"].append(f"{n:,} of {payload_packets:,} payload packets ({share:.0%}) already carry more than "
-                           f"one MSS segment (observed super-packets, up to {nseg_max} segments and {l3_max:,} "
-                           "bytes of IP length)")
-    big = sum(int((c["l3_len"] > 65535).sum()) for c in chunks)
-    if big:
-        out["evidence"].append(f"{big:,} of them exceed 64 KiB (BIG TCP encodings)")
+                           f"one MSS segment (observed super-packets, up to {obs.nseg_max} segments and "
+                           f"{obs.l3_max:,} bytes of IP length)")
+    if obs.big:
+        out["evidence"].append(f"{obs.big:,} of them exceed 64 KiB (BIG TCP encodings)")
     for ver in (6, 4):
-        if not any((c["ip_version"] == ver).any() for c in chunks):
-            continue
-
-        def parts(ver: int = ver) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-            for c in chunks:  # widened a chunk at a time
-                sel = c["ip_version"] == ver
-                yield tuple(c[k][sel].astype(np.int64) for k in ("l3_len", "n_segments", "payload_len"))
-
-        out["host"].append(_infer_version(ver, parts, tally.napi_weight, cfg, out["contradictions"]))
+        got = obs.version(ver)
+        if got is not None:
+            out["host"].append(_infer_version(ver, *got, tally.napi_weight, cfg, out["contradictions"]))
     return out
 
 
-def _infer_version(ver: int, parts: Callable[[], Iterator[tuple[np.ndarray, ...]]], weight: int, cfg: GroConfig,
+def _infer_version(ver: int, agg: np.ndarray, hist: np.ndarray, weight: int, cfg: GroConfig,
                    contradictions: list[str]) -> dict[str, Any]:
-    """The host's limits for one IP version, from its observed rows: ``parts()`` yields them as (l3_len,
-    n_segments, payload_len) int64 chunks in capture order (twice: the share near 64 KiB needs the MSS first)."""
-    lmax, smax, mss, at_budget, nmax, count = -1, 0, 0, 0, 0, 0  # (lengths and counts are >= 0)
-    for l3, nseg, pay in parts():
-        if not l3.size:
-            continue
-        i = int(np.argmax(l3))
-        if int(l3[i]) > lmax:  # the first of the largest, as argmax over all rows
-            lmax, smax = int(l3[i]), int(nseg[i])
-        mss = max(mss, int(np.max(np.where(nseg > 0, (pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1), 0))))
-        at_budget += int((nseg == weight).sum())
-        nmax = max(nmax, int(nseg.max()))
-        count += l3.size
-    near64 = sum(int(((l3 < GRO_LEGACY_MAX_SIZE) & (l3 + mss >= GRO_LEGACY_MAX_SIZE)).sum()) for l3, _, _ in parts())
+    """The host's limits for one IP version, from its observed sizes (``ObservedSizes``: ``agg`` the counts
+    and maxima, ``hist`` the rows per IP length below 64 KiB)."""
+    lmax, smax, mss, at_budget, nmax, count = (int(agg[i]) for i in (V_LMAX, V_SMAX, V_MSS, V_BUDGET, V_NMAX,
+                                                                     V_COUNT))
+    near64 = int(hist[max(0, GRO_LEGACY_MAX_SIZE - mss):].sum()) if mss > 0 else 0
     knob = "gro_max_size" if ver == 6 else "gro_ipv4_max_size"
     limit = cfg.gro_max_size if ver == 6 else cfg.ipv4_limit
     d: dict[str, Any] = {"ip_version": ver, "largest_l3_len": lmax, "segments_of_largest": smax,
@@ -431,7 +522,6 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
     if whatif is not None and whatif.kept:
         base = whatif.run(cfg, engine)
     flows_out = []
-    obs_cols = tally.observed()
     for i in order:
         fid = int(flow_cols["flow_id"][i])
         ver = int(flow_cols["ip_version"][i])
@@ -462,7 +552,7 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
                     entry["text"] = "the end of a NAPI poll (an idle gap or a short poll: R21.2)"
                     entry["knob"] = "gro_flush_timeout + napi_defer_hard_irqs"
             elif name == "observed":
-                entry.update(_observed_ends(obs_cols, fid, tally.napi_weight))
+                entry.update(tally.observed.flow_ends(fid))
                 entry["text"] = "already aggregated in the capture: " + entry["ends_text"]
             elif name == "psh" or name == "short_segment":
                 entry["knob"] = "application writes (sender)"
@@ -502,27 +592,6 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
                                        f"{whatif.kept:,} of {whatif.seen:,} packets (before/after on the same "
                                        "packets)")}
     return d
-
-
-def _observed_ends(obs: list[dict[str, np.ndarray]], fid: int, weight: int) -> dict[str, Any]:
-    sels = [c["flow_id"] == fid for c in obs]
-    nseg, l3, pay, flags = (np.concatenate([np.zeros(0, np.int64)] + [c[k][sel].astype(np.int64) for c, sel in
-                                                                         zip(obs, sels, strict=True)])
-                            for k in ("n_segments", "l3_len", "payload_len", "tcp_flags"))
-    if not nseg.size:
-        return {"ends": {}, "ends_text": "sizes not kept"}
-    mss = int(np.max((pay + np.maximum(nseg, 1) - 1) // np.maximum(nseg, 1)))
-    budget = nseg >= weight
-    near64 = ~budget & (l3 < GRO_LEGACY_MAX_SIZE) & (l3 + mss >= GRO_LEGACY_MAX_SIZE)
-    psh = ~budget & ~near64 & ((flags & TH_PSH) != 0)
-    other = ~(budget | near64 | psh)
-    ends = {"napi_budget": int(budget.sum()), "below_64k": int(near64.sum()), "psh": int(psh.sum()),
-            "other": int(other.sum())}
-    words = {"napi_budget": f"{weight} segments (NAPI budget)", "below_64k": "within one segment of 64 KiB",
-             "psh": "PSH (end of a write)", "other": "shorter, no PSH (a poll end or the host's size limit)"}
-    parts = [f"{v:,} at {words[k]}" if k in ("napi_budget",) else f"{v:,} {words[k]}"
-             for k, v in sorted(ends.items(), key=lambda t: -t[1]) if v]
-    return {"ends": ends, "ends_text": ", ".join(parts), "max_segments": int(nseg.max())}
 
 
 def _whatif_text(desc: str, before: dict, after: dict) -> str:

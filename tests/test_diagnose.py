@@ -142,8 +142,8 @@ def test_observed_label_keeps_segment_counts_of_the_capture():
 @pytest.mark.parametrize("name,side", [("v6_185000", "rcv"), ("mixed_185000", "rcv"), ("v4_185000", "rcv"),
                                        ("v6_185000", "snd")])
 def test_inference_and_what_ifs_do_not_depend_on_batches(name, side, monkeypatch):
-    """The observed rows are kept and read in per-batch chunks (never joined) and the what-if runs feed the engine
-    a few thousand rows at a time: 7-record batches and 5-row feeds give the default run's capture kind and
+    """The observed sizes are counted batch by batch (``ObservedSizes``) and the what-if runs feed the engine a
+    few thousand rows at a time: 7-record batches and 5-row feeds give the default run's capture kind and
     diagnosis, and the inferred host still admits the recorded kernel limits."""
     from bigtcp_pcap import api
     from bigtcp_pcap import diagnose as D
@@ -155,13 +155,57 @@ def test_inference_and_what_ifs_do_not_depend_on_batches(name, side, monkeypatch
     whole = analyze(cap, audit=False).summary
     chunks = []
     real = D.infer_capture
-    monkeypatch.setattr(D, "infer_capture", lambda tally, *a: (chunks.append(len(tally.observed())), real(tally, *a))[1])
+    monkeypatch.setattr(D, "infer_capture", lambda tally, *a: (chunks.append(tally.observed.batches), real(tally, *a))[1])
     monkeypatch.setattr(api, "CaptureReader", lambda src, **kw: CaptureReader(src, batch_size=7, **kw))
     monkeypatch.setattr(D.WhatIfInput, "FEED_ROWS", 5)
     small = analyze(cap, audit=False).summary
-    assert (chunks[0] > 5) == (side == "rcv"), "the observed rows should come in many chunks"
+    assert (chunks[0] > 5) == (side == "rcv"), "the observed rows should come in many batches"
     assert small["capture_kind"] == whole["capture_kind"]
     assert small["diagnosis"] == whole["diagnosis"]
     assert whole["diagnosis"]["flows"], "the diagnosis should have flows to compare"
     for host in small["capture_kind"]["host"]:
         assert host["limit_at_least"] <= _limits(_recorded(name))[host["ip_version"]]
+
+
+@pytest.mark.parametrize("name", ["v6_185000", "mixed_185000", "v4_185000", "v4_65536", "v6_65536",
+                                  "v4_snd185000_rcv65536"])
+def test_observed_sizes_equal_a_count_of_the_observed_rows(name):
+    """The capture kind's host facts and each top flow's ``observed`` ends come from aggregates kept batch by
+    batch (``ObservedSizes``); here they are counted again from the observed rows of superpackets.parquet, each
+    joined to its frame in packets.parquet for the IP version and the PSH flag, with the rules written out."""
+    a = analyze(KERNEL / f"{name}.rcv.pcap", audit=False, packets=True)
+    sp, pk = a.superpackets, a.packets
+    obs = sp[sp.source == "observed"].merge(pk[["frame", "ip_version", "tcp_flags"]], left_on="first_frame",
+                                            right_on="frame", how="left")
+    assert len(obs) == (sp.source == "observed").sum() > 0
+    l3, nseg, pay = (obs[c].astype("int64").to_numpy() for c in ("l3_len", "n_segments", "payload_len"))
+    ver, psh = obs.ip_version.astype("int64").to_numpy(), (obs.tcp_flags.astype("int64").to_numpy() & 8) != 0
+    kind = a.summary["capture_kind"]
+    assert kind["observed_superpackets"] == len(obs)
+    assert sorted(h["ip_version"] for h in kind["host"]) == sorted(set(ver.tolist()))
+    for host in kind["host"]:
+        sel = ver == host["ip_version"]
+        first_largest = np.flatnonzero(sel & (l3 == l3[sel].max()))[0]
+        mss = int(np.max(np.where(nseg[sel] > 0, (pay[sel] + np.maximum(nseg[sel], 1) - 1)
+                                  // np.maximum(nseg[sel], 1), 0)))
+        assert (host["largest_l3_len"], host["segments_of_largest"], host["mss"], host["max_segments"],
+                host["at_napi_budget"]) == (l3[sel].max(), nseg[first_largest], mss, nseg[sel].max(),
+                                            (nseg[sel] == 64).sum())
+    checked = near64 = 0
+    for flow in a.summary["diagnosis"]["flows"]:
+        for r in flow["reasons"]:
+            if r["reason"] != "observed":
+                continue
+            f = obs.flow_id.to_numpy() == flow["flow_id"]
+            n, ln, p, ps = nseg[f], l3[f], pay[f], psh[f]
+            fmss = int(np.max((p + np.maximum(n, 1) - 1) // np.maximum(n, 1)))
+            budget = n >= 64
+            near = ~budget & (ln < 65536) & (ln + fmss >= 65536)
+            want = {"napi_budget": int(budget.sum()), "below_64k": int(near.sum()),
+                    "psh": int((~budget & ~near & ps).sum()), "other": int((~budget & ~near & ~ps).sum())}
+            assert (r["ends"], r["max_segments"]) == (want, int(n.max()))
+            checked += 1
+            near64 += want["below_64k"]
+    assert checked
+    # a receiver at 65536 ends super-packets within one segment of 64 KiB (42, 44, 21 on these fixtures)
+    assert (near64 > 0) == name.endswith("65536")
