@@ -6,6 +6,10 @@ capture has a handful): an anonymous memory map, whose pages the kernel maps on 
 when the array is freed. ``np.zeros`` promises the same only when malloc hands it fresh pages; once earlier
 frees have raised glibc's dynamic mmap threshold (up to 32 MiB), such a table comes from the heap and is
 cleared, so every page of it counts in the resident set from the start.
+
+``tune_malloc`` is the allocator policy of the processes that run analyses (the CLI and its worker tasks): a
+fixed mmap threshold above a batch's arrays, so that every state table is its own map and a freed one goes
+back to the kernel instead of leaving a resident hole in the heap.
 """
 
 from __future__ import annotations
