@@ -31,7 +31,6 @@ from .gro.superpacket import SOURCE_OBSERVED, SuperPacketBatch
 
 WHATIF_MAX_PACKETS = 131072
 """Decoded packets kept for the what-if runs (~170 bytes each): the first this many of the capture."""
-"""Observed super-packets whose sizes are kept for the inference (~23 bytes each)."""
 TOP_FLOWS = 5
 BIG_TCP_SIZE = 185000  # the value the BIG TCP patches and most guides use for gso/gro_max_size
 TH_PSH = 0x08
@@ -96,6 +95,11 @@ class _KeyedSums:
         if self._pending > max(1 << 16, len(self.keys)):
             self.merge(prune=True)
 
+    def add_mapped(self, keys: np.ndarray, sums: np.ndarray, first: np.ndarray, fmap: np.ndarray) -> None:
+        """``add`` a split run's part's merged keys, their flow ids mapped to the whole capture's by ``fmap``."""
+        keys = keys.astype(np.int64)
+        self.add((fmap[keys >> self.shift] << self.shift) | (keys & ((1 << self.shift) - 1)), sums, first)
+
     def merge(self, prune: bool = False) -> None:
         if not self._parts:
             return
@@ -156,6 +160,8 @@ class ObservedSizes:
             return
         self.batches += 1
         l3, nseg, pay = l3.astype(np.int64), nseg.astype(np.int64), pay.astype(np.int64)
+        one = np.maximum(nseg, 1)
+        mss = (pay + one - 1) // one  # per row: payload over its segments, rounded up
         self.n += int(fid.size)
         self.nseg_max = max(self.nseg_max, int(nseg.max()))
         self.l3_max = max(self.l3_max, int(l3.max()))
@@ -164,13 +170,12 @@ class ObservedSizes:
             sel = ver == version
             if not sel.any():
                 continue
-            vl3, vn, vp = l3[sel], nseg[sel], pay[sel]
+            vl3, vn = l3[sel], nseg[sel]
             a = self.v[j]
             i = int(np.argmax(vl3))
             if int(vl3[i]) > a[V_LMAX]:  # the first of the largest, as argmax over all rows
                 a[V_LMAX], a[V_SMAX] = vl3[i], vn[i]
-            a[V_MSS] = max(int(a[V_MSS]), int(np.max(np.where(vn > 0, (vp + np.maximum(vn, 1) - 1)
-                                                               // np.maximum(vn, 1), 0))))
+            a[V_MSS] = max(int(a[V_MSS]), int(np.max(np.where(vn > 0, mss[sel], 0))))  # rows with a count
             a[V_BUDGET] += int((vn == self.weight).sum())
             a[V_NMAX] = max(int(a[V_NMAX]), int(vn.max()))
             a[V_COUNT] += vl3.size
@@ -178,14 +183,12 @@ class ObservedSizes:
             if low.size:
                 self.hist[j] += np.bincount(low, minlength=GRO_LEGACY_MAX_SIZE)
         # per flow: rows at the budget; the others by their distance below 64 KiB and PSH; MSS and segments seen
-        one = np.maximum(nseg, 1)
-        mss = np.minimum((pay + one - 1) // one, OBS_VALUE_MAX)
         budget = nseg >= self.weight
         d = np.where(l3 < GRO_LEGACY_MAX_SIZE, GRO_LEGACY_MAX_SIZE - l3, GRO_LEGACY_MAX_SIZE + 1)
         kind = np.where(budget, OBS_BUDGET, np.where((flags & TH_PSH) != 0, OBS_D_PSH, OBS_D))
         base = fid << OBS_SHIFT
         keys = np.concatenate([base | (kind << OBS_BITS) | np.where(budget, 0, d),
-                               base | (OBS_MSS << OBS_BITS) | mss,
+                               base | (OBS_MSS << OBS_BITS) | np.minimum(mss, OBS_VALUE_MAX),
                                base | (OBS_NSEG << OBS_BITS) | np.minimum(nseg, OBS_VALUE_MAX)])
         self.flows.add(keys, np.ones((keys.size, 1), np.int64), np.tile(rows, 3))
 
@@ -239,12 +242,8 @@ class ObservedSizes:
             a[V_BUDGET] += b[V_BUDGET]
             tag = f"obs_hist_v{_VERSIONS[j]}"
             self.hist[j][st[tag + "_at"]] += st[tag]
-        keys = st["obs_keys"].astype(np.int64)
-        if keys.size:
-            keys = (fmap[keys >> OBS_SHIFT] << OBS_SHIFT) | (keys & ((1 << OBS_SHIFT) - 1))
-            self.flows.add(keys, st["obs_counts"].astype(np.int64).reshape(-1, 1),
-                           st["obs_first"].astype(np.int64) + row_base)
-
+        self.flows.add_mapped(st["obs_keys"], st["obs_counts"].astype(np.int64).reshape(-1, 1),
+                              st["obs_first"].astype(np.int64) + row_base, fmap)
 
 
 class SuperPacketTally:
@@ -327,9 +326,7 @@ class SuperPacketTally:
         t = cls(cfg)
         base = 0
         for st, fmap in zip(states, flow_maps, strict=True):
-            keys = st["keys"].astype(np.int64)
-            keys = (fmap[keys >> 7] << 7) | (keys & 127) if keys.size else keys
-            t._sums.add(keys, st["sums"].astype(np.int64), st["first"].astype(np.int64) + base)
+            t._sums.add_mapped(st["keys"], st["sums"].astype(np.int64), st["first"].astype(np.int64) + base, fmap)
             t.observed.merge(st, fmap, base)
             base += int(st["rows"])
         t._sums.merge()
