@@ -20,9 +20,13 @@ reference engine: no rule is written twice.
 State layout (struct of arrays, grown in Python between batches):
 
 * ``_S[g, field]``: one row per flow key (gid): its static facts (queue, bucket, IP version, ports, the ids
-  of its SYN-MSS directions, R2 fallback limit, largest plain segment) and its held entry p (``E_*`` fields, valid while
-  ``G_HELD``). A key holds at most one entry at a time (the reference's ``_held[g]``), so the pool of held
-  entries is indexed by gid and needs no free list; ``max_gro_skbs = inf`` needs no cap.
+  of its SYN-MSS directions, R2 fallback limit, largest plain segment) and ``G_HELD``, its held entry p's slot
+  + 1 (0: none; a key holds at most one entry at a time, the reference's ``_held[g]``).
+* ``_H[e, field]``: the held entries (``E_*`` fields, struct napi_gro_cb), one slot each, taken from and given
+  back to the free stack ``_FR`` (``_FR[0]`` free slots, then the stack). Only the keys with a held entry need
+  these fields: a table per key would carry them for every key in memory. The stack is last-in first-out, so
+  only as many slots are ever written (mapped) as entries are held at once; before each feed there is a free
+  slot per packet (``max_gro_skbs = inf`` needs no cap).
 * bucket lists (oldest -> newest) are doubly linked lists through ``G_PREV``/``G_NEXT`` with head, tail and
   length per (queue, bucket) in ``_B``: append, unlink from the middle (R16/R17 completions) and pop the
   oldest (R18, R21.4) are O(1).
@@ -89,11 +93,13 @@ MAX_PHASE = 1 << 61
 
 # --- per-gid row of _S: static facts of the flow key, then its held entry p (struct napi_gro_cb) ----------
 G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT = range(11)
+G_FIDL = 11  # flow id of the key's last packet (recycle: the key's state goes when that flow has ended)
+G_FBL = 12  # rules.r2_fallback_limit of the key (static: fallback_mtu and its IP version)
+NSF = 13
+# --- per-slot row of _H: a held entry p (struct napi_gro_cb) -------------------------------------------------
 (E_Q, E_FID, E_L2, E_HDR, E_SEQ0, E_NXT, E_ACK, E_FWM, E_OPT, E_L3W, E_ID0, E_FIXED, E_MSS, E_GSO, E_COUNT,
- E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(11, 35)
-G_FIDL = 35  # flow id of the key's last packet (recycle: the key's state goes when that flow has ended)
-G_FBL = 36  # rules.r2_fallback_limit of the key (static: fallback_mtu and its IP version)
-NSF = 37
+ E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(24)
+NHF = 24
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
 Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN, Q_BUSY = range(12)
 NQF = 12
@@ -145,25 +151,26 @@ def _emit(O, k, fid, ver, sport, dport, seq0, plen, nseg, l3, frame_len, big, f0
 
 
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
-def _row(S, Q, C, O, K, g, reason):
+def _row(S, H, Q, C, O, K, g, reason):
     """R20: what the receiver sees for a completed p (appended to the output, R23)."""
-    l3 = S[g, E_PLEN]
+    e = S[g, G_HELD] - 1
+    l3 = H[e, E_PLEN]
     v4 = S[g, G_V4] != 0
-    frame_len, big, gso = r20_completed(S[g, E_L2], l3, S[g, E_COUNT], S[g, E_MSS], v4, C[C_HBH] != 0)
-    source = r20_observed(S[g, E_GSO] != 0, S[g, E_NPK])
+    frame_len, big, gso = r20_completed(H[e, E_L2], l3, H[e, E_COUNT], H[e, E_MSS], v4, C[C_HBH] != 0)
+    source = r20_observed(H[e, E_GSO] != 0, H[e, E_NPK])
     k = K[0]
-    q = S[g, E_Q]
+    q = H[e, E_Q]
     pe = Q[q, Q_CAUSE] if (reason == R.NAPI_POLL or reason == R.END_OF_CAPTURE) else R.PE_NONE
-    _emit(O, k, S[g, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], S[g, E_SEQ0], l3 - S[g, E_HDR],
-          S[g, E_COUNT], l3, frame_len, big, S[g, E_F0], S[g, E_F1], S[g, E_T0], S[g, E_T1], reason, source,
-          S[g, E_FLAGS], S[g, E_ACK], gso, q // C[C_NQ], pe)
+    _emit(O, k, H[e, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], H[e, E_SEQ0], l3 - H[e, E_HDR],
+          H[e, E_COUNT], l3, frame_len, big, H[e, E_F0], H[e, E_F1], H[e, E_T0], H[e, E_T1], reason, source,
+          H[e, E_FLAGS], H[e, E_ACK], gso, q // C[C_NQ], pe)
     K[0] = k + 1
 
 
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
-def _unlink(S, B, g):
+def _unlink(S, H, B, g):
     """Take p out of its bucket list (kept oldest -> newest)."""
-    q = S[g, E_Q]
+    q = H[S[g, G_HELD] - 1, E_Q]
     b = S[g, G_B]
     p = S[g, G_PREV]
     nx = S[g, G_NEXT]
@@ -179,24 +186,43 @@ def _unlink(S, B, g):
 
 
 @njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
-def _complete(S, Q, B, C, O, K, g, reason):
-    """Complete p (R20) and append its row (R23: delivery order = completion order)."""
-    _unlink(S, B, g)
+def _take_slot(S, FR, g):
+    """A free slot of _H for g's new held entry (the caller made room: one per packet of the feed)."""
+    n = FR[0] - 1
+    FR[0] = n
+    e = FR[1 + n]
+    S[g, G_HELD] = e + 1
+    return e
+
+
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
+def _give_slot(S, FR, g):
+    """g's held entry is gone: its slot goes back on the free stack."""
+    n = FR[0]
+    FR[1 + n] = S[g, G_HELD] - 1
+    FR[0] = n + 1
     S[g, G_HELD] = 0
-    Q[S[g, E_Q], Q_HELD] -= 1
-    _row(S, Q, C, O, K, g, reason)
+
+
+@njit(cache=True, inline="always")  # hot: inlined, no call/refcount overhead
+def _complete(S, H, FR, Q, B, C, O, K, g, reason):
+    """Complete p (R20) and append its row (R23: delivery order = completion order)."""
+    _unlink(S, H, B, g)
+    Q[H[S[g, G_HELD] - 1, E_Q], Q_HELD] -= 1
+    _row(S, H, Q, C, O, K, g, reason)
+    _give_slot(S, FR, g)
 
 
 @njit(cache=True)
-def _flush_all(S, Q, B, C, O, K, q, reason):
+def _flush_all(S, H, FR, Q, B, C, O, K, q, reason):
     """R21.2/R21.4: every bucket in ascending order, each oldest to newest."""
     for b in range(B.shape[1]):
         g = B[q, b, B_HEAD]
         if g < 0:
             continue
         while g >= 0:
-            S[g, G_HELD] = 0
-            _row(S, Q, C, O, K, g, reason)
+            _row(S, H, Q, C, O, K, g, reason)
+            _give_slot(S, FR, g)
             g = S[g, G_NEXT]
         Q[q, Q_HELD] -= B[q, b, B_LEN]
         B[q, b, B_HEAD] = -1
@@ -205,24 +231,24 @@ def _flush_all(S, Q, B, C, O, K, q, reason):
 
 
 @njit(cache=True)
-def _flush_old(S, Q, B, C, O, K, q, now):
+def _flush_old(S, H, FR, Q, B, C, O, K, q, now):
     """R21.4 flush_old: per bucket (ascending) oldest to newest, stopping at the first entry of this jiffy."""
     jiffy = r21_4_jiffy(now, C[C_PHASE], C[C_HZ])
     for b in range(B.shape[1]):
-        while B[q, b, B_HEAD] >= 0 and S[B[q, b, B_HEAD], E_AGE] != jiffy:
-            _complete(S, Q, B, C, O, K, B[q, b, B_HEAD], R.NAPI_POLL)
+        while B[q, b, B_HEAD] >= 0 and H[S[B[q, b, B_HEAD], G_HELD] - 1, E_AGE] != jiffy:
+            _complete(S, H, FR, Q, B, C, O, K, B[q, b, B_HEAD], R.NAPI_POLL)
 
 
 @njit(cache=True)
-def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
+def _complete_poll(S, H, FR, Q, B, C, O, K, q, tnow, work):
     """R21.2/R21.5 napi_complete_done(work) at time tnow: flush all, or only old entries + arm the timer."""
     timeout, masked, defer = r21_5_poll_end(work, Q[q, Q_HELD], C[C_TMO], C[C_DEFER], Q[q, Q_DEFER])
     Q[q, Q_DEFER] = defer
     if Q[q, Q_HELD]:
         if timeout:
-            _flush_old(S, Q, B, C, O, K, q, tnow)  # R21.5: only old entries, young ones wait for the timer
+            _flush_old(S, H, FR, Q, B, C, O, K, q, tnow)  # R21.5: only old entries, young ones wait for the timer
         else:
-            _flush_all(S, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.2: short poll flushes everything
+            _flush_all(S, H, FR, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.2: short poll flushes everything
     if timeout:
         Q[q, Q_DL] = tnow + timeout
         Q[q, Q_HASDL] = 1
@@ -236,7 +262,7 @@ def _complete_poll(S, Q, B, C, O, K, q, tnow, work):
 
 
 @njit(cache=True)
-def _timers(S, Q, B, C, O, K, q, t, marks, mark):
+def _timers(S, H, FR, Q, B, C, O, K, q, t, marks, mark):
     """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
 
     ``marks``: poll starts are given (``mark``: this packet starts a poll) instead of the gap rule.
@@ -247,20 +273,20 @@ def _timers(S, Q, B, C, O, K, q, t, marks, mark):
             if t <= dl:
                 return dl  # R21.5: IRQs masked, the packet waits for the timer poll at dl
             Q[q, Q_CAUSE] = R.PE_TIMER
-            _complete_poll(S, Q, B, C, O, K, q, dl, Q[q, Q_N])
+            _complete_poll(S, H, FR, Q, B, C, O, K, q, dl, Q[q, Q_N])
             continue
         if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark) \
                 and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
             Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
-            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
+            _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
             continue
         if nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
             Q[q, Q_CAUSE] = R.PE_COALESCE
-            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # the NIC's IRQ window closed
+            _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # the NIC's IRQ window closed
             continue
         if Q[q, Q_HASDL] and t >= Q[q, Q_DL]:
             Q[q, Q_CAUSE] = R.PE_TIMER
-            _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_DL], 0)  # R21.5: the timer poll fired, no work
+            _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_DL], 0)  # R21.5: the timer poll fired, no work
             continue
         return t
 
@@ -272,8 +298,9 @@ def _plain_limit(S, D, C, g):
 
 
 @njit(cache=True, inline="always")
-def _would_merge(S, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a, thl_a, ipid_a):
+def _would_merge(S, H, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a, thl_a, ipid_a):
     """Would row j (a later segment of flow g) merge into g's held entry as it stands? (R2, R14/R15)."""
+    e = S[g, G_HELD] - 1
     ln = np.int64(pl_a[j])
     plim = _plain_limit(S, D, C, g)
     gsz = np.int64(0)
@@ -281,8 +308,8 @@ def _would_merge(S, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, p
         gsz = r2_gso_size(r2_syn_mss(D[S[g, G_RDID]], D[S[g, G_DID]]), S[g, G_GMAX], plim, np.int64(thl_a[j]))
     why, _ = merge_verdict(fm_a[j], np.int64(fl_a[j]), C[C_CWR], fwm_a[j], np.int64(ack_a[j]), np.int64(opt_a[j]),
                            l3w_a[j], np.int64(seq_a[j]), ln, gsz, np.int64(ipid_a[j]), C[C_NEEDS_DF] != 0,
-                           S[g, G_V4] != 0, S[g, E_FWM], S[g, E_ACK], S[g, E_OPT], S[g, E_L3W], S[g, E_NXT],
-                           S[g, E_MSS], S[g, E_PLEN], S[g, E_LIMIT], S[g, E_ID0], S[g, E_COUNT], S[g, E_FIXED] != 0)
+                           S[g, G_V4] != 0, H[e, E_FWM], H[e, E_ACK], H[e, E_OPT], H[e, E_L3W], H[e, E_NXT],
+                           H[e, E_MSS], H[e, E_PLEN], H[e, E_LIMIT], H[e, E_ID0], H[e, E_COUNT], H[e, E_FIXED] != 0)
     return why == MERGE
 
 
@@ -293,8 +320,9 @@ def _would_merge(S, D, C, g, j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, p
       sig=("(i8[::1], i64[::1], b1[::1], i64[::1], i64[::1], u32[::1], u16[::1], u32[::1], u32[::1], "
           "u64[::1], u16[::1], u64[::1], i64[::1], u16[::1], i64[::1], u8[::1], u16[::1], u8[::1], "
           "u16[::1], u16[::1], u32[::1], u32[::1], u8[::1]), i64[::1], i64[::1], u8[::1], u8[::1], i64[::1], "
-          "i64[::1], i64[:, ::1], i64[::1], i64[:, ::1], i64[:, :, ::1], i64[::1], i64[:, ::1], i64[::1]"))
-def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
+          "i64[::1], i64[:, ::1], i64[:, ::1], i64[::1], i64[::1], i64[:, ::1], i64[:, :, ::1], i64[::1], "
+          "i64[:, ::1], i64[::1]"))
+def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
     """GroEngine._run over one batch. I: the batch/prepared columns (see CompiledGroEngine._inputs).
 
     ps: uint8 poll-start mark per packet, or empty (no marks: the gap rule cuts polls). ak: uint8 "the other side
@@ -326,15 +354,15 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
         # R21.2/R21.5 (section 7.1): a gap longer than poll_gap_us (or, given marks, a marked packet) ended
         # the previous poll
         if tmo:
-            now = _timers(S, Q, B, C, O, K, q, t, marks, mark)
+            now = _timers(S, H, FR, Q, B, C, O, K, q, t, marks, mark)
         else:
             if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark) \
                     and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
                 Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
-                _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
+                _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             elif nic and nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
                 Q[q, Q_CAUSE] = R.PE_COALESCE
-                _complete_poll(S, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
+                _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         if Q[q, Q_HASLAST] == 0 or t > Q[q, Q_LAST]:  # the poll's clock: a late segment fed out of capture order
             Q[q, Q_LAST] = t  # (or a capture clock that steps back) does not move it back
@@ -370,28 +398,29 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
             l3w = l3w_a[i]
             seq = np.int64(seq_a[i])
             merged = False
-            if S[g, G_HELD]:
+            e = S[g, G_HELD] - 1
+            if e >= 0:
                 # R14 (all against p's first segment), R15a, R15c
                 why, fixed = merge_verdict(fm, f, cwr, fwm, ack, opt, l3w, seq, ln, gsz, np.int64(ipid_a[i]),
-                                           needs_df, S[g, G_V4] != 0, S[g, E_FWM], S[g, E_ACK], S[g, E_OPT],
-                                           S[g, E_L3W], S[g, E_NXT], S[g, E_MSS], S[g, E_PLEN], S[g, E_LIMIT],
-                                           S[g, E_ID0], S[g, E_COUNT], S[g, E_FIXED] != 0)
+                                           needs_df, S[g, G_V4] != 0, H[e, E_FWM], H[e, E_ACK], H[e, E_OPT],
+                                           H[e, E_L3W], H[e, E_NXT], H[e, E_MSS], H[e, E_PLEN], H[e, E_LIMIT],
+                                           H[e, E_ID0], H[e, E_COUNT], H[e, E_FIXED] != 0)
                 if why == MERGE:
                     # R15: merge; count += gso_segs, p->len += len
                     if fixed:  # (a merge never leaves the fixed-ID mode: nothing to store otherwise)
-                        S[g, E_FIXED] = 1
-                    S[g, E_PLEN] += ln
-                    S[g, E_COUNT] += cnt
-                    S[g, E_NPK] += 1
-                    S[g, E_NXT] = (S[g, E_NXT] + ln) & M32
-                    S[g, E_FLAGS] |= r16_ored_flags(f)
-                    S[g, E_F1] = np.int64(frame_a[i])
-                    S[g, E_T1] = t
+                        H[e, E_FIXED] = 1
+                    H[e, E_PLEN] += ln
+                    H[e, E_COUNT] += cnt
+                    H[e, E_NPK] += 1
+                    H[e, E_NXT] = (H[e, E_NXT] + ln) & M32
+                    H[e, E_FLAGS] |= r16_ored_flags(f)
+                    H[e, E_F1] = np.int64(frame_a[i])
+                    H[e, E_T1] = t
                     merged = True
-                    if r16_completes(ln, cnt, gsz, S[g, E_MSS], f):
-                        _complete(S, Q, B, C, O, K, g, r16_reason(f))
+                    if r16_completes(ln, cnt, gsz, H[e, E_MSS], f):
+                        _complete(S, H, FR, Q, B, C, O, K, g, r16_reason(f))
                 else:
-                    _complete(S, Q, B, C, O, K, g, why)  # R17: no merge -> p is flushed now
+                    _complete(S, H, FR, Q, B, C, O, K, g, why)  # R17: no merge -> p is flushed now
             if not merged:
                 # R17: deliver alone (flush-marked, no payload, URG/PSH/RST/SYN/FIN) or hold as a new p
                 if r17_goes_alone(fm, f, ln, cnt, gsz):
@@ -408,34 +437,35 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
                 else:
                     bk = S[g, G_B]
                     if B[q, bk, B_LEN] >= maxskbs:
-                        _complete(S, Q, B, C, O, K, B[q, bk, B_HEAD], R.BUCKET_EVICT)  # R18: bucket full, oldest
+                        _complete(S, H, FR, Q, B, C, O, K, B[q, bk, B_HEAD], R.BUCKET_EVICT)  # R18: bucket full, oldest
                     v4 = S[g, G_V4] != 0
                     h = hdr_a[i]
                     fr = np.int64(frame_a[i])
-                    S[g, E_Q] = q
-                    S[g, E_FID] = fid_a[i]
-                    S[g, E_L2] = l2_a[i]
-                    S[g, E_HDR] = h
-                    S[g, E_SEQ0] = seq
-                    S[g, E_NXT] = (seq + ln) & M32
-                    S[g, E_ACK] = ack
-                    S[g, E_FWM] = fwm
-                    S[g, E_OPT] = opt
-                    S[g, E_L3W] = l3w
-                    S[g, E_ID0] = ipid_a[i]
-                    S[g, E_FIXED] = 0
-                    S[g, E_MSS] = gsz if gsz else ln  # R17: mss = the first segment's payload (GSO: gso_size)
-                    S[g, E_GSO] = 1 if gsz else 0
-                    S[g, E_COUNT] = cnt
-                    S[g, E_NPK] = 1
-                    S[g, E_PLEN] = h + ln  # p->len: L3 length
-                    S[g, E_LIMIT] = lim4 if v4 else lim6  # R15a: netif_get_gro_max_size by protocol
-                    S[g, E_FLAGS] = f
-                    S[g, E_AGE] = r21_4_jiffy(now, phase, hz)  # R21.4: age = jiffies when held
-                    S[g, E_F0] = fr
-                    S[g, E_F1] = fr
-                    S[g, E_T0] = t
-                    S[g, E_T1] = t
+                    e = _take_slot(S, FR, g)
+                    H[e, E_Q] = q
+                    H[e, E_FID] = fid_a[i]
+                    H[e, E_L2] = l2_a[i]
+                    H[e, E_HDR] = h
+                    H[e, E_SEQ0] = seq
+                    H[e, E_NXT] = (seq + ln) & M32
+                    H[e, E_ACK] = ack
+                    H[e, E_FWM] = fwm
+                    H[e, E_OPT] = opt
+                    H[e, E_L3W] = l3w
+                    H[e, E_ID0] = ipid_a[i]
+                    H[e, E_FIXED] = 0
+                    H[e, E_MSS] = gsz if gsz else ln  # R17: mss = the first segment's payload (GSO: gso_size)
+                    H[e, E_GSO] = 1 if gsz else 0
+                    H[e, E_COUNT] = cnt
+                    H[e, E_NPK] = 1
+                    H[e, E_PLEN] = h + ln  # p->len: L3 length
+                    H[e, E_LIMIT] = lim4 if v4 else lim6  # R15a: netif_get_gro_max_size by protocol
+                    H[e, E_FLAGS] = f
+                    H[e, E_AGE] = r21_4_jiffy(now, phase, hz)  # R21.4: age = jiffies when held
+                    H[e, E_F0] = fr
+                    H[e, E_F1] = fr
+                    H[e, E_T0] = t
+                    H[e, E_T1] = t
                     # append to the bucket list (newest at the tail)
                     tail = B[q, bk, B_TAIL]
                     S[g, G_PREV] = tail
@@ -446,7 +476,6 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
                         B[q, bk, B_HEAD] = g
                     B[q, bk, B_TAIL] = g
                     B[q, bk, B_LEN] += 1
-                    S[g, G_HELD] = 1
                     Q[q, Q_HELD] += 1
         elif k == KIND_ALONE and pl_a[i]:
             # R5/R9/R12/R19: GRO gives up; delivered alone, held entries untouched (may overtake them)
@@ -463,28 +492,28 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, D, Q, B, C, O, K):
             if Q[q, Q_HELD]:
                 Q[q, Q_CAUSE] = R.PE_BUDGET
                 if flush_old_full:
-                    _flush_old(S, Q, B, C, O, K, q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
+                    _flush_old(S, H, FR, Q, B, C, O, K, q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
                 else:
-                    _flush_all(S, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
+                    _flush_all(S, H, FR, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
         Q[q, Q_N] = c
         # evidence (gro-spec 7.1): the receiver ACKed this segment's end, no rule ended its super-packet
         if evidence and k == KIND_TCP and ak[i] != 0 and S[gids[i], G_HELD] != 0:
             j = nxt[i]
-            merges = j < 0 or _would_merge(S, D, C, gids[i], j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a,
+            merges = j < 0 or _would_merge(S, H, D, C, gids[i], j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a,
                                            thl_a, ipid_a)
             if acked_end_ends_poll(True, True, merges):
                 Q[q, Q_CAUSE] = R.PE_ACK
-                _complete_poll(S, Q, B, C, O, K, q, t, c)
+                _complete_poll(S, H, FR, Q, B, C, O, K, q, t, c)
 
 
 @njit(cache=True, entry=True,
-      sig="i64[:, ::1], i64[:, ::1], i64[:, :, ::1], i64[::1], i64[:, ::1], i64[::1], i64")
-def _flush_end(S, Q, B, C, O, K, nq):
+      sig="i64[:, ::1], i64[:, ::1], i64[::1], i64[:, ::1], i64[:, :, ::1], i64[::1], i64[:, ::1], i64[::1], i64")
+def _flush_end(S, H, FR, Q, B, C, O, K, nq):
     """End of input (section 3 step 7): complete every held entry, reset the poll state of every queue."""
     for q in range(nq):
         if Q[q, Q_HELD]:
             Q[q, Q_CAUSE] = R.PE_END
-            _flush_all(S, Q, B, C, O, K, q, R.END_OF_CAPTURE)
+            _flush_all(S, H, FR, Q, B, C, O, K, q, R.END_OF_CAPTURE)
         Q[q, Q_HASLAST] = 0
         Q[q, Q_WN] = 0
         Q[q, Q_N] = 0
@@ -579,6 +608,20 @@ def _dir_rehash(DK, n, DTAB):
         while DTAB[j] >= 0:
             j = (j + 1) & m
         DTAB[j] = d
+
+
+@njit(cache=True, entry=True,
+      sig="i64[:, ::1], u64[:, ::1], u64[::1], i64[::1]")
+def _compact(S, keys, khash, old):
+    """Row old[i] of S, keys and khash moves to row i, in place (old ascending, so old[i] >= i)."""
+    for i in range(old.shape[0]):
+        o = old[i]
+        if o != i:
+            for c in range(S.shape[1]):
+                S[i, c] = S[o, c]
+            for c in range(keys.shape[1]):
+                keys[i, c] = keys[o, c]
+            khash[i] = khash[o]
 
 
 @njit(cache=True, entry=True,
@@ -750,6 +793,8 @@ class CompiledGroEngine:
         # per flow key (gid)
         self._ngid = 0
         self._S = np.zeros((0, NSF), np.int64)
+        self._H = np.zeros((0, NHF), np.int64)  # held entries by slot, and the free slots (a stack)
+        self._FR = np.zeros(1, np.int64)
         self._keys = np.zeros((64, NKEY), np.uint64)  # exact flow key per gid
         self._khash = np.zeros(64, np.uint64)  # its table digest
         self._tab = np.full(256, -1, np.int64)  # hash table: slot -> gid, at most half full
@@ -806,8 +851,9 @@ class CompiledGroEngine:
         O = self._out(n + self.held)
         self._K[0] = 0
         nxt = next_same_compiled(gids) if len(ak) else _NO_NEXT
-        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, bz, nxt, self._S, self._D, self._Q, self._B, self._C,
-             O, self._K)
+        self._slots(n)
+        _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, bz, nxt, self._S, self._H, self._FR, self._D, self._Q,
+             self._B, self._C, O, self._K)
         return self._take(O)
 
     def flush(self) -> SuperPacketBatch:
@@ -816,7 +862,7 @@ class CompiledGroEngine:
             return self._ref.flush()
         O = self._out(self.held)
         self._K[0] = 0
-        _flush_end(self._S, self._Q, self._B, self._C, O, self._K, self._nq)
+        _flush_end(self._S, self._H, self._FR, self._Q, self._B, self._C, O, self._K, self._nq)
         return self._take(O)
 
     @property
@@ -830,8 +876,8 @@ class CompiledGroEngine:
         """Flow ids of the entries currently held (their rows are still to come)."""
         if self._ref is not None:
             return self._ref.held_flow_ids()
-        S = self._S[: self._ngid]
-        return S[S[:, G_HELD] != 0, E_FID]
+        slot = self._S[: self._ngid, G_HELD]
+        return self._H[slot[slot != 0] - 1, E_FID]
 
     # --- helpers --------------------------------------------------------------------------------------------
     @staticmethod
@@ -839,6 +885,26 @@ class CompiledGroEngine:
         return (p.kind, b.ts_ns, p.flushmark, p.flagword, p.l3word, b.tcp_payload_len, b.tcp_flags, b.tcp_seq,
                 b.tcp_ack, b.tcp_opt_hash, b.ip_id, b.frame, fid, b.l2_len, p.hdr_len, b.tcp_hdr_len, b.tcp_mss,
                 b.ip_version, b.sport, b.dport, b.ip_len, b.wirelen, b.bigtcp)
+
+    def _slots(self, room: int) -> None:
+        """At least ``room`` free slots in ``_H`` (a feed holds at most one new entry per packet). New slots go
+        under the free ones on the stack, lowest on top, and only the slots in use are copied: rows never used
+        stay unmapped."""
+        free = int(self._FR[0])
+        if free >= room:
+            return
+        cap = self._H.shape[0]
+        new = max(2 * cap, cap + room - free)
+        H = lazy_zeros((new, NHF), np.int64)
+        slot = self._S[: self._ngid, G_HELD]
+        used = slot[slot != 0] - 1
+        H[used] = self._H[used]
+        FR = np.empty(new + 1, np.int64)
+        add = new - cap
+        FR[1: 1 + add] = np.arange(new - 1, cap - 1, -1)
+        FR[1 + add: 1 + add + free] = self._FR[1: 1 + free]
+        FR[0] = add + free
+        self._H, self._FR = H, FR
 
     def _out(self, cap: int) -> np.ndarray:
         """Row buffer for at most ``cap`` rows (each packet gives at most one row, each held entry one more).
@@ -956,13 +1022,13 @@ class CompiledGroEngine:
         # until the next recycle (2k) and one feed's new keys past it, so the feed that reaches 2k does not double
         # the tables first (rows never written stay unmapped: np.zeros of a large table maps it)
         cap = 2 * k + FEED_ROOM
+        _compact(self._S, self._keys, self._khash, old)  # the kept rows move down, one at a time (no copy of them)
         if self._S.shape[0] < cap or self._keys.shape[0] < cap:
             S2, keys = np.zeros((cap, NSF), np.int64), np.zeros((cap, NKEY), np.uint64)
             khash = np.zeros(cap, np.uint64)
-            S2[:k], keys[:k], khash[:k] = S[old], self._keys[old], self._khash[old]
-        else:  # the kept rows move down (old is ascending: row i comes from row old[i] >= i)
+            S2[:k], keys[:k], khash[:k] = self._S[:k], self._keys[:k], self._khash[:k]
+        else:
             S2, keys, khash = self._S, self._keys, self._khash
-            S2[:k], keys[:k], khash[:k] = S2[old], keys[old], khash[old]
             S2[k:n], keys[k:n], khash[k:n] = 0, 0, 0  # new keys start from zeroed rows
         for c in (G_PREV, G_NEXT):
             S2[:k, c] = new_of[S2[:k, c]]
