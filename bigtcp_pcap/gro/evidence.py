@@ -146,30 +146,43 @@ def _seq_after(a, b):
 
 
 @njit(cache=True, inline="always")
-def _conn(CK, CU, CS, k, here, other, tmask, insert):
-    """Slot of direction key ``k`` in this generation's table (at ``here``), moved over from the previous
-    generation's (at ``other``) when only that one has it, or a new one (``insert``); -1 when absent."""
+def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
+    """Row of CS of direction key ``k`` in this generation (its table at ``here``), moved over from the
+    previous generation's (at ``other``) when only that one has it, or a new one (``insert``); -1 when absent.
+
+    CS rows are dense per generation (the next free one: BST[1 + parity]; the table slot's CI names it), so
+    a generation writes as many rows as it has directions, not rows spread over the whole table."""
     j = np.int64(k & np.uint64(tmask))
     while CU[here + j] != 0:
         if CK[here + j] == k:
-            return here + j
+            return CI[here + j]
         j = (j + 1) & tmask
     slot = here + j
     o = np.int64(k & np.uint64(tmask))
     while CU[other + o] != 0:
         if CK[other + o] == k:
-            CK[slot], CU[slot] = k, 1
+            e = _new_row(CK, CU, CI, BST, slot, k, here)
             for c in range(CS.shape[1]):
-                CS[slot, c] = CS[other + o, c]
-            return slot
+                CS[e, c] = CS[CI[other + o], c]
+            return e
         o = (o + 1) & tmask
     if not insert:
         return -1
-    CK[slot], CU[slot] = k, 1
+    e = _new_row(CK, CU, CI, BST, slot, k, here)
     for c in range(CS.shape[1]):
-        CS[slot, c] = -1
-    CS[slot, CS_NMISS] = 0
-    return slot
+        CS[e, c] = -1
+    CS[e, CS_NMISS] = 0
+    return e
+
+
+@njit(cache=True, inline="always")
+def _new_row(CK, CU, CI, BST, slot, k, here):
+    """Key k goes in table slot ``slot`` of the generation at ``here`` with the generation's next CS row."""
+    p = np.int64(1) if here else np.int64(0)
+    e = here + BST[1 + p]
+    BST[1 + p] += 1
+    CK[slot], CU[slot], CI[slot] = k, 1, e
+    return e
 
 
 # busy_scan's per-direction state (columns of CS): the waiting segments' first and last row, the last
@@ -205,14 +218,15 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], u8[::1], i64[:, ::1], "
-           "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]"))
+           "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], u8[::1], i64[::1], "
+           "i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]"))
 def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
-              gshift, max_ns, CK, CU, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST):
+              gshift, max_ns, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST):
     """One forward pass over a batch (first row ``row0``): the ``busy`` time of every data segment (module doc).
 
     Per flow direction (digested as ``ack_scan`` does; tables by generation parity, at most half full, a key
-    moved to the current generation's table when it is used; state CS): the segments not yet covered by an
+    moved to the current generation's table when it is used; state CS, dense rows per generation, ST = [the
+    generation of the last row, the rows each parity's generation has used]): the segments not yet covered by an
     ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
     no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the
     rest to its own time less the shortest ACK lag the direction has shown (a segment to the first ACK
@@ -245,6 +259,7 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
             base = (g & 1) * size
             for j in range(base, base + size):
                 CU[j] = 0
+            ST[1 + (g & 1)] = 0
             gen = g
         v = ver[i]
         if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
@@ -255,7 +270,7 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         here = (g & 1) * size
         if flags[i] & TH_ACK:
-            e = _conn(CK, CU, CS, rev, here, size - here, tmask, False)
+            e = _conn(CK, CU, CI, CS, ST, rev, here, size - here, tmask, False)
             if e >= 0:
                 a = np.int64(ack[i])
                 t = ts[i]
@@ -304,7 +319,7 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
                         MOVE[h & rmask] = PENDING  # the data right after it came, it did not
                         CS[e, CS_NMISS] += 1
         if plen[i] > 0:
-            e = _conn(CK, CU, CS, fwd, here, size - here, tmask, True)
+            e = _conn(CK, CU, CI, CS, ST, fwd, here, size - here, tmask, True)
             _expire(CS, NXT, MOVE, e, r, window, rmask)
             if CS[e, CS_LAST_T] >= 0 and ts[i] - CS[e, CS_LAST_T] > max_ns:
                 CS[e, CS_LAG] = -1  # silent longer than the evidence lasts: the path may have changed
@@ -385,8 +400,9 @@ class AckEvidence:
         # busy evidence (busy_scan): per flow direction, then rings by row
         self._CK = lazy_zeros(2 * size, np.uint64)
         self._CU = lazy_zeros(2 * size, np.uint8)
-        self._CS = lazy_zeros((2 * size, 8), np.int64)
-        self._BST = np.zeros(1, np.int64)
+        self._CI = lazy_zeros(2 * size, np.int64)
+        self._CS = lazy_zeros((2 * size, 8), np.int64)  # rows dense per generation: p * size on
+        self._BST = np.zeros(3, np.int64)
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
         self._FLAG = lazy_zeros(ring, np.uint8)  # rings by row: every row not yet taken
         self._PREV = lazy_zeros(ring, np.int64)
@@ -414,7 +430,7 @@ class AckEvidence:
             busy_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
                       pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.ts_ns,
                       np.int64(self._rows), np.int64(self.window), np.int64(self._gshift), np.int64(BUSY_MAX_NS),
-                      self._CK, self._CU, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
+                      self._CK, self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
                       self._MOVE, self._BST)
         if self._held:
             self._ahead += n
