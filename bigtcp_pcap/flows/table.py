@@ -743,11 +743,13 @@ class FlowTable:
 
     @staticmethod
     def _room(K: np.ndarray | None, V: np.ndarray, fill: int, live: int, more: int):
-        """(K, V) with room for ``more`` inserts at most half full, rebuilt without tombstones when needed."""
+        """(K, V) with room for ``more`` inserts at most half full, rebuilt without tombstones when needed: at
+        least 3 slots per live key and insert (a third full, so the half-full mark is at least half the live
+        keys away: rebuilds stay amortised O(1), and the table is not twice the size that needs)."""
         if 2 * (fill + more) <= V.shape[0]:
             return K, V, fill
         size = V.shape[0]
-        while size < 4 * (live + more):
+        while size < 3 * (live + more):
             size *= 2
         V2 = np.full(size, -1, np.int64)
         if K is None:
