@@ -28,6 +28,7 @@ from .gro import make_engine
 from .gro import reasons as R
 from .gro.config import GRO_LEGACY_MAX_SIZE, GRO_MAX_SIZE, GroConfig
 from .gro.superpacket import SOURCE_OBSERVED, SuperPacketBatch
+from .keyed import KeyedSums
 
 WHATIF_MAX_PACKETS = 131072
 """Decoded packets kept for the what-if runs (~170 bytes each): the first this many of the capture."""
@@ -74,55 +75,6 @@ KNOB_TEXT = {
 }
 
 
-class _KeyedSums:
-    """int64 sums (and a first-seen ordinal, kept by min) per int64 key ``flow << shift | code``, from rows appended
-    batch by batch. The rows are merged by key whenever the appended ones outnumber the merged keys, and then
-    keys whose flow ``keep`` rejects (a flow that has left memory and is not among the top flows) are dropped:
-    memory follows the flows alive at once, not the capture. Vectorised; no Python per flow."""
-
-    def __init__(self, width: int, keep: Callable[[np.ndarray], np.ndarray] | None, shift: int = 7) -> None:
-        self.keep = keep
-        self.shift = shift  # key = flow << shift | code
-        self.keys = np.zeros(0, np.int64)
-        self.sums = np.zeros((0, width), np.int64)
-        self.first = np.zeros(0, np.int64)
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._pending = 0
-
-    def add(self, keys: np.ndarray, sums: np.ndarray, first: np.ndarray) -> None:
-        self._parts.append((keys, sums, first))
-        self._pending += len(keys)
-        if self._pending > max(1 << 16, len(self.keys)):
-            self.merge(prune=True)
-
-    def add_mapped(self, keys: np.ndarray, sums: np.ndarray, first: np.ndarray, fmap: np.ndarray) -> None:
-        """``add`` a split run's part's merged keys, their flow ids mapped to the whole capture's by ``fmap``."""
-        keys = keys.astype(np.int64)
-        self.add((fmap[keys >> self.shift] << self.shift) | (keys & ((1 << self.shift) - 1)), sums, first)
-
-    def merge(self, prune: bool = False) -> None:
-        if not self._parts:
-            return
-        k = np.concatenate([self.keys] + [p[0] for p in self._parts])
-        s = np.concatenate([self.sums] + [p[1] for p in self._parts])
-        f = np.concatenate([self.first] + [p[2] for p in self._parts])
-        self._parts, self._pending = [], 0
-        order = np.argsort(k, kind="stable")
-        k, s, f = k[order], s[order], f[order]
-        starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, np.int64)
-        k, s, f = k[starts], np.add.reduceat(s, starts, axis=0), np.minimum.reduceat(f, starts)
-        if prune and self.keep is not None and len(k):
-            live = self.keep(k >> self.shift)
-            k, s, f = k[live], s[live], f[live]
-        self.keys, self.sums, self.first = k, s, f
-
-    def of_flow(self, flow: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(codes, sums, first) of one flow's keys."""
-        self.merge()
-        lo, hi = np.searchsorted(self.keys, [flow << self.shift, (flow + 1) << self.shift])
-        return self.keys[lo:hi] & ((1 << self.shift) - 1), self.sums[lo:hi], self.first[lo:hi]
-
-
 # per-flow keys of the observed sizes: flow << OBS_SHIFT | kind << OBS_BITS | value
 OBS_BITS = 21
 OBS_SHIFT = OBS_BITS + 3
@@ -137,9 +89,9 @@ class ObservedSizes:
     """What the capture inference and the per-flow ``observed`` ends need of the observed super-packets (input
     packets that already carry several segments), as exact aggregates that do not grow with the capture: per
     IP version the counts and maxima ``_infer_version`` reads and a histogram of IP lengths below 64 KiB (its
-    share near 64 KiB needs the final MSS); per flow, counts keyed by (kind, value) in a ``_KeyedSums`` pruned
-    with the tally's flows (``flow_ends``). It used to keep the first 1 M observed rows (23 MiB, and the
-    capture-level counts stopped at 1 M rows)."""
+    share near 64 KiB needs the final MSS); per flow, counts keyed by (kind, value) in a ``KeyedSums``
+    (keyed.py) pruned with the tally's flows (``flow_ends``). It used to keep the first 1 M observed rows
+    (23 MiB, and the capture-level counts stopped at 1 M rows)."""
 
     def __init__(self, weight: int, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.weight = weight
@@ -150,7 +102,7 @@ class ObservedSizes:
         self.v = np.zeros((len(_VERSIONS), 6), np.int64)
         self.v[:, V_LMAX] = -1
         self.hist = np.zeros((len(_VERSIONS), GRO_LEGACY_MAX_SIZE), np.int64)  # rows per l3_len below 64 KiB
-        self.flows = _KeyedSums(1, keep, shift=OBS_SHIFT)
+        self.flows = KeyedSums(1, keep, shift=OBS_SHIFT)
         self.batches = 0
 
     def add(self, fid: np.ndarray, ver: np.ndarray, l3: np.ndarray, nseg: np.ndarray, pay: np.ndarray,
@@ -216,7 +168,6 @@ class ObservedSizes:
 
     def state(self) -> dict[str, np.ndarray]:
         """Everything, as arrays (a split run's part writes it; ``merge`` adds the parts up in capture order)."""
-        self.flows.merge()
         nz = [np.flatnonzero(h) for h in self.hist]
         return {"obs_scalars": np.array([self.n, self.nseg_max, self.l3_max, self.big, self.batches], np.int64),
                 "obs_versions": self.v.copy(),
@@ -262,7 +213,7 @@ class SuperPacketTally:
         self.limits = (cfg.ipv4_limit, cfg.gro_max_size)
         # (flow << 7 | code) -> [rows, bytes, rows at budget] and a first-seen ordinal. code < 64: the reason the
         # row is counted under; 64 + r: engine reason r of a row counted under size_limit (``also``)
-        self._sums = _KeyedSums(3, keep)
+        self._sums = KeyedSums(3, keep)
         self._rows = 0
         self.observed = ObservedSizes(cfg.napi_weight, keep)
 
@@ -313,7 +264,6 @@ class SuperPacketTally:
     def state(self) -> dict[str, np.ndarray]:
         """What a split run's merge needs of a part's tally (``merged``): the sums per key, the rows counted and
         the observed sizes; written by the part as ``diagnosis_state.npz``."""
-        self._sums.merge()
         return {"keys": self._sums.keys, "sums": self._sums.sums, "first": self._sums.first,
                 "rows": np.int64(self._rows), **self.observed.state()}
 
@@ -329,8 +279,6 @@ class SuperPacketTally:
             t._sums.add_mapped(st["keys"], st["sums"].astype(np.int64), st["first"].astype(np.int64) + base, fmap)
             t.observed.merge(st, fmap, base)
             base += int(st["rows"])
-        t._sums.merge()
-        t.observed.flows.merge()
         t._rows = base
         return t
 
