@@ -327,7 +327,7 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
 
     ps: uint8 poll-start mark per packet, or empty (no marks: the gap rule cuts polls). ak: uint8 "the other side
     ACKed this segment's end" per packet, or empty (no evidence); bz: int64 busy time per packet
-    (evidence.busy_scan, 0: none), or empty; nxt: the next row of the same flow key (-1: none in this batch)."""
+    (evidence.evidence_scan, 0: none), or empty; nxt: the next row of the same flow key (-1: none in this batch)."""
     (kind, ts, fm_a, fwm_a, l3w_a, pl_a, fl_a, seq_a, ack_a, opt_a, ipid_a, frame_a, fid_a, l2_a, hdr_a, thl_a,
      tmss_a, ver_a, sport_a, dport_a, iplen_a, wire_a, big_a) = I
     n = kind.shape[0]

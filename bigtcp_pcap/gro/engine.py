@@ -132,7 +132,7 @@ class GroEngine:
         self._qcause: list[int] = []  # what ends the poll being completed (reasons.PE_*)
         self._qws: list[int] = []  # NIC coalescing: arrival of the packet that opened the IRQ window
         self._qwn: list[int] = []  # packets since then (0: no window open)
-        self._qbusy: list[int] = []  # latest busy time (evidence.busy_scan) of the running poll's packets
+        self._qbusy: list[int] = []  # latest busy time (evidence.evidence_scan) of the running poll's packets
         self._rxu = cfg.rx_usecs * 1000
         self._ensure_queues(cfg.rx_queues)
         # per flow key (gid)

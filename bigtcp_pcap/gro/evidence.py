@@ -17,7 +17,7 @@ where batches begin.
 The same ACK stream shows when the receiver was still busy: an ACK that does not yet cover a data segment, sent
 after the next packet of the receiver's queue had arrived, means the stack had not been handed that segment
 then, so the NAPI poll that took it was still running and an idle gap before the next packet did not end it
-(``rules.busy_poll_continues``). ``busy_scan`` gives each data segment the time of the latest such ACK, less
+(``rules.busy_poll_continues``). ``evidence_scan`` gives each data segment the time of the latest such ACK, less
 the shortest ACK lag its flow direction has shown, which bounds the round trip between the capture point and
 the receiver (``busy``: when the receiver sent that ACK at the latest; 0 when none). Such ACKs are of the
 reverse direction, advance the acknowledged number, carry no SACK block (a SACK or duplicate ACK says a segment
@@ -62,80 +62,6 @@ def _directions(v, s0, s1, d0, d1, sp, dp):
     vw = np.uint64(v) << np.uint64(32)
     return (_digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1),
             _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1))
-
-
-@njit(cache=True, entry=True,
-      sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], i64[::1], i64[::1]"))
-def ack_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, window, gshift, TK, TV, TF,
-             FLAG, PREV, ST):
-    """One forward pass over a batch whose first row is row ``row0`` of the stream.
-
-    A data segment's (flow, end) key goes into the table of its generation (rows ``g << gshift`` to
-    ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size`` of TK/TV/TF,
-    each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
-    judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow,
-    ack number) key is looked up in its generation's table and the previous one's: every row of those chains
-    not judged yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own
-    segment goes in, so it never counts for itself. Entering a generation clears the table of the one two back,
-    out of every window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it
-    has not taken). Flow directions are digested as the flow table digests its keys."""
-    rmask = np.int64(FLAG.shape[0] - 1)
-    size = np.int64(TV.shape[0] >> 1)
-    tmask = size - 1
-    gen = ST[0]
-    pv = np.uint8(0)  # the previous TCP row's 5-tuple and its two digests: runs of one flow skip the mixing
-    ps0 = ps1 = pd0 = pd1 = np.uint64(0)
-    psp = pdp = np.uint16(0)
-    fwd = rev = np.uint64(0)
-    absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
-    for i in range(ver.shape[0]):
-        r = row0 + i
-        FLAG[r & rmask] = 0
-        PREV[r & rmask] = -1
-        g = r >> gshift
-        if g != gen:  # a new generation: its table held the one two back
-            base = (g & 1) * size
-            for j in range(base, base + size):
-                TV[j] = EMPTY
-            gen = g
-        v = ver[i]
-        if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
-            continue
-        s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
-        if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
-            fwd, rev = _directions(v, s0, s1, d0, d1, sp, dp)
-            pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
-        here = (g & 1) * size
-        if flags[i] & TH_ACK:
-            k = _fmix(rev, np.uint64(ack[i]))
-            if k != absent:  # (one-way captures repeat an ACK number that is in neither table)
-                hit = False
-                for base in (here, size - here):  # this generation's chain, then the previous one's
-                    j = _find(TK, TV, k, base, tmask)
-                    if j >= 0:
-                        hit = True
-                        x, stop, lo = TV[j], TF[j], r - window
-                        while x > stop and x >= lo:
-                            FLAG[x & rmask] = 1
-                            x = PREV[x & rmask]
-                        TF[j] = TV[j]
-                if not hit:
-                    absent = k
-        if plen[i] > 0:
-            k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
-            j = _find(TK, TV, k, here, tmask)
-            if j >= 0:
-                PREV[r & rmask] = TV[j]
-                TV[j] = r
-            else:
-                j = -2 - j  # the empty slot that ended the search
-                TK[j] = k
-                TV[j] = r
-                TF[j] = -1
-                if k == absent:
-                    absent = _NO_KEY
-    ST[0] = gen
 
 
 @njit(cache=True, inline="always")
@@ -185,7 +111,7 @@ def _new_row(CK, CU, CI, BST, slot, k, here):
     return e
 
 
-# busy_scan's per-direction state (columns of CS): the waiting segments' first and last row, the last
+# the busy evidence's per-direction state (columns of CS): the waiting segments' first and last row, the last
 # acknowledgment number taken, the last segment taken (its end and row), how many waiting segments a SACK
 # marked missing, the shortest ACK lag seen (-1: none yet) and the time of the direction's last segment
 CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T = range(8)
@@ -218,15 +144,27 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], u8[::1], i64[::1], "
-           "i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]"))
-def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
-              gshift, max_ns, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST):
-    """One forward pass over a batch (first row ``row0``): the ``busy`` time of every data segment (module doc).
+           "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], "
+           "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
+           "i64[::1], i64[::1]"))
+def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
+                  gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST):
+    """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
+    the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
+    ST = [the generation of the last row, the CS rows each parity's generation has used].
 
-    Per flow direction (digested as ``ack_scan`` does; tables by generation parity, at most half full, a key
-    moved to the current generation's table when it is used; state CS, dense rows per generation, ST = [the
-    generation of the last row, the rows each parity's generation has used]): the segments not yet covered by an
+    Acked ends (``acked_ends``): a data segment's (flow, end) key goes into the table of its generation (rows ``g << gshift`` to
+    ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size`` of TK/TV/TF,
+    each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
+    judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow,
+    ack number) key is looked up in its generation's table and the previous one's: every row of those chains
+    not judged yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own
+    segment goes in, so it never counts for itself. Entering a generation clears the table of the one two back,
+    out of every window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it
+    has not taken). Flow directions are digested as the flow table digests its keys.
+
+    Busy times (module doc), per flow direction (tables CK/CU/CI by generation parity like TK/TV, a key moved
+    to the current generation's table when it is used; state CS, rows dense per generation): the segments not yet covered by an
     ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
     no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the
     rest to its own time less the shortest ACK lag the direction has shown (a segment to the first ACK
@@ -242,22 +180,26 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
     in between (a retransmission: lost, not late), it reached the stack after the data up to that ACK's number:
     MOVE of its row is the last segment ending there (-1 when none ends there). Rings by row: NXT, END
     (segment end), SEQR (its start), TSR (its time), BUSY, MOVE."""
-    rmask = np.int64(BUSY.shape[0] - 1)
-    size = np.int64(CK.shape[0] >> 1)
+    rmask = np.int64(FLAG.shape[0] - 1)  # (every ring has the same size)
+    size = np.int64(TV.shape[0] >> 1)  # (both tables by parity have the same size)
     tmask = size - 1
     gen = ST[0]
-    pv = np.uint8(0)
+    pv = np.uint8(0)  # the previous TCP row's 5-tuple and its two digests: runs of one flow skip the mixing
     ps0 = ps1 = pd0 = pd1 = np.uint64(0)
     psp = pdp = np.uint16(0)
     fwd = rev = np.uint64(0)
+    absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
     for i in range(ver.shape[0]):
         r = row0 + i
+        FLAG[r & rmask] = 0
+        PREV[r & rmask] = -1
         BUSY[r & rmask] = 0
         MOVE[r & rmask] = -1
         g = r >> gshift
-        if g != gen:  # a new generation: its table held the one two back
+        if g != gen:  # a new generation: its tables held the one two back
             base = (g & 1) * size
             for j in range(base, base + size):
+                TV[j] = EMPTY
                 CU[j] = 0
             ST[1 + (g & 1)] = 0
             gen = g
@@ -269,6 +211,36 @@ def busy_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst,
             fwd, rev = _directions(v, s0, s1, d0, d1, sp, dp)
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         here = (g & 1) * size
+        # acked ends
+        if flags[i] & TH_ACK:
+            k = _fmix(rev, np.uint64(ack[i]))
+            if k != absent:  # (one-way captures repeat an ACK number that is in neither table)
+                hit = False
+                for base in (here, size - here):  # this generation's chain, then the previous one's
+                    j = _find(TK, TV, k, base, tmask)
+                    if j >= 0:
+                        hit = True
+                        x, stop, lo = TV[j], TF[j], r - window
+                        while x > stop and x >= lo:
+                            FLAG[x & rmask] = 1
+                            x = PREV[x & rmask]
+                        TF[j] = TV[j]
+                if not hit:
+                    absent = k
+        if plen[i] > 0:
+            k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
+            j = _find(TK, TV, k, here, tmask)
+            if j >= 0:
+                PREV[r & rmask] = TV[j]
+                TV[j] = r
+            else:
+                j = -2 - j  # the empty slot that ended the search
+                TK[j] = k
+                TV[j] = r
+                TF[j] = -1
+                if k == absent:
+                    absent = _NO_KEY
+        # busy evidence and late segments
         if flags[i] & TH_ACK:
             e = _conn(CK, CU, CI, CS, ST, rev, here, size - here, tmask, False)
             if e >= 0:
@@ -375,7 +347,7 @@ def acked_ends(pb: PacketBatch, lookahead: PacketBatch | list[PacketBatch] | Non
 
 @dataclass(frozen=True)
 class RowEvidence:
-    """What ``busy_scan`` found for the rows of one batch: ``busy`` (int64 ns per row, 0: none), ``move`` (the
+    """What ``evidence_scan`` found for the rows of one batch: ``busy`` (int64 ns per row, 0: none), ``move`` (the
     stream row a late segment reached the receiver after, -1: none) and ``row0`` (the batch's first stream
     row, the numbering of ``move``)."""
 
@@ -385,7 +357,7 @@ class RowEvidence:
 
 
 class AckEvidence:
-    """Streaming ``acked_ends`` and busy times: a batch is scanned once as it comes (``ack_scan``, ``busy_scan``)
+    """Streaming ``acked_ends`` and busy times: a batch is scanned once as it comes (``evidence_scan``)
     and flagged once ``WINDOW`` rows after it have been seen (or the input ends). ``push`` returns the batches
     that became ready, oldest first, each ``(batch, extra, flags, RowEvidence)``."""
 
@@ -396,13 +368,12 @@ class AckEvidence:
         self._TK = lazy_zeros(2 * size, np.uint64)  # generation parity p: slots p * size to (p + 1) * size
         self._TV = np.full(2 * size, EMPTY, np.int64)
         self._TF = np.full(2 * size, -1, np.int64)
-        self._ST = np.zeros(1, np.int64)  # the generation of the last row scanned
-        # busy evidence (busy_scan): per flow direction, then rings by row
+        self._ST = np.zeros(3, np.int64)  # the generation of the last row scanned, CS rows used per parity
+        # busy evidence: per flow direction, then rings by row
         self._CK = lazy_zeros(2 * size, np.uint64)
         self._CU = lazy_zeros(2 * size, np.uint8)
         self._CI = lazy_zeros(2 * size, np.int64)
         self._CS = lazy_zeros((2 * size, 8), np.int64)  # rows dense per generation: p * size on
-        self._BST = np.zeros(3, np.int64)
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
         self._FLAG = lazy_zeros(ring, np.uint8)  # rings by row: every row not yet taken
         self._PREV = lazy_zeros(ring, np.int64)
@@ -418,20 +389,18 @@ class AckEvidence:
 
     def push(self, pb: PacketBatch, extra: Any = None) -> list[tuple[PacketBatch, Any, np.ndarray, RowEvidence]]:
         """Take a batch (and anything to carry along with it); return the batches now flagged, each with what
-        ``busy_scan`` found for its rows (``RowEvidence``)."""
+        ``evidence_scan`` found for its rows (``RowEvidence``)."""
         n = len(pb)
         self._ring(n)
         if n:
             src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
             dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
-            ack_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
-                     pb.tcp_ack, pb.sport, pb.dport, src, dst, np.int64(self._rows), np.int64(self.window),
-                     np.int64(self._gshift), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._ST)
-            busy_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
-                      pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.ts_ns,
-                      np.int64(self._rows), np.int64(self.window), np.int64(self._gshift), np.int64(BUSY_MAX_NS),
-                      self._CK, self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
-                      self._MOVE, self._BST)
+            evidence_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
+                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.ts_ns,
+                          np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
+                          np.int64(BUSY_MAX_NS), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._CK,
+                          self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
+                          self._MOVE, self._ST)
         if self._held:
             self._ahead += n
         self._held.append((pb, extra, self._rows))

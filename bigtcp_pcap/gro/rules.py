@@ -369,7 +369,7 @@ as evidence that the poll was still running (10 us: the ACK's own way back to th
 @njit(cache=True, inline="always")
 def busy_poll_continues(busy, t, slack):
     """The receiver sent an ACK not yet covering a segment of the running poll at ``busy``, later than ``slack``
-    after the next packet arrived at t (``evidence.busy_scan``): the stack had not been handed that segment by
+    after the next packet arrived at t (``evidence.evidence_scan``): the stack had not been handed that segment by
     then, so the poll that took it was still running when the packet came, and the idle gap before it did not
     end the poll (gro-spec 7.1; a receiver that is behind takes packets back to back whatever the sender's
     gaps). 0 = no evidence."""

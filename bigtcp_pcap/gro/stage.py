@@ -12,7 +12,7 @@ With ``ack_evidence`` a batch is fed to the engine once ``evidence.WINDOW`` late
 lookahead of ``evidence.AckEvidence``); with ``split_receivers`` every frame goes to the NAPI model of the host
 that receives it (``receivers.Receivers``, whose ``labels`` name the ``receiver`` index of each row).
 
-A segment the receiver's SACKs show arriving after later data (``evidence.busy_scan``'s ``move``; seen on veth
+A segment the receiver's SACKs show arriving after later data (``evidence.evidence_scan``'s ``move``; seen on veth
 when two flows fill one ring: the last segment before a pause in sending enters the ring behind later ones,
 ``tests/fixtures/kernel/late/``) is fed to the engine after the segment it reached the receiver behind, possibly
 in a later batch: the receiver's ring order, which is what its NAPI polls took. Its own timestamp stays; the

@@ -1,5 +1,5 @@
 """Busy evidence: an ACK that does not yet cover a segment of the running poll, sent after the next packet came,
-keeps an idle gap from ending that poll (``evidence.busy_scan``, ``rules.busy_poll_continues``).
+keeps an idle gap from ending that poll (``evidence.evidence_scan``, ``rules.busy_poll_continues``).
 
 * the engines (both): the rule, its slack, that given poll starts override it, and that the evidence ends with
   the poll it belongs to;
