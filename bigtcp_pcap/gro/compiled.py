@@ -91,7 +91,7 @@ NS = 1_000_000_000
 MAX_HZ = 10**6
 MAX_PHASE = 1 << 61
 
-# --- per-gid row of _S: static facts of the flow key, then its held entry p (struct napi_gro_cb) ----------
+# --- per-gid row of _S: static facts of the flow key, then the slot of its held entry p -----------------------
 G_Q, G_B, G_V4, G_SPORT, G_DPORT, G_DID, G_RDID, G_GMAX, G_HELD, G_PREV, G_NEXT = range(11)
 G_FIDL = 11  # flow id of the key's last packet (recycle: the key's state goes when that flow has ended)
 G_FBL = 12  # rules.r2_fallback_limit of the key (static: fallback_mtu and its IP version)

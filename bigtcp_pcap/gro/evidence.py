@@ -153,25 +153,25 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
     ST = [the generation of the last row, the CS rows each parity's generation has used].
 
-    Acked ends (``acked_ends``): a data segment's (flow, end) key goes into the table of its generation (rows ``g << gshift`` to
-    ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size`` of TK/TV/TF,
-    each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
-    judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow,
-    ack number) key is looked up in its generation's table and the previous one's: every row of those chains
-    not judged yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own
-    segment goes in, so it never counts for itself. Entering a generation clears the table of the one two back,
-    out of every window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it
-    has not taken). Flow directions are digested as the flow table digests its keys.
+    Acked ends (``acked_ends``): a data segment's (flow, end) key goes into the table of its generation (rows
+    ``g << gshift`` to ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size``
+    of TK/TV/TF, each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
+    judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow, ack
+    number) key is looked up in its generation's table and the previous one's: every row of those chains not judged
+    yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own segment goes
+    in, so it never counts for itself. Entering a generation clears the table of the one two back, out of every
+    window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it has not taken).
+    Flow directions are digested as the flow table digests its keys.
 
-    Busy times (module doc), per flow direction (tables CK/CU/CI by generation parity like TK/TV, a key moved
-    to the current generation's table when it is used; state CS, rows dense per generation): the segments not yet covered by an
-    ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
-    no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the
-    rest to its own time less the shortest ACK lag the direction has shown (a segment to the first ACK
-    covering it: at least the round trip between the capture point and the receiver, so an ACK that was only
-    on its way back counts for nothing; no evidence before a first lag, and the lag is forgotten after the
-    direction was silent for ``max_ns``). Any ACK that advances drops the covered ones. A segment is taken
-    only when its end is after the last taken one's (that one at most ``window`` rows back).
+    Busy times (module doc), per flow direction (tables CK/CU/CI by generation parity like TK/TV, a key moved to the
+    current generation's table when it is used; state CS, rows dense per generation): the segments not yet covered
+    by an ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
+    no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the rest to
+    its own time less the shortest ACK lag the direction has shown (a segment to the first ACK covering it: at least
+    the round trip between the capture point and the receiver, so an ACK that was only on its way back counts for
+    nothing; no evidence before a first lag, and the lag is forgotten after the direction was silent for
+    ``max_ns``). Any ACK that advances drops the covered ones. A segment is taken only when its end is after the
+    last taken one's (that one at most ``window`` rows back).
 
     Late segments (``move``): a SACK block that begins at a waiting segment's end says the data right after
     that segment reached the receiver and the segment did not (the receiver would have merged the two into one
