@@ -61,7 +61,8 @@ class PollAlignment:
 def parse_napi_tsv(text: str) -> np.ndarray:
     """``<scenario>.napi.tsv`` text -> int64 array (n_polls, 3): time on the pcap clock (ns), cpu, work.
 
-    Columns of the file: realtime_s, mono_s, cpu, context, work, budget (header line first)."""
+    Columns of the file: realtime_s, mono_s, cpu, context, work, budget and, in traces made since the NAPI
+    instance was recorded, napi (header line first; the columns read here are the same in both forms)."""
     out = []
     for line in text.splitlines()[1:]:
         if not line.strip():

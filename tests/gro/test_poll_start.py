@@ -130,3 +130,6 @@ def test_parse_napi_tsv():
             "1796226090.5667\t5648.054997000\t1\tksoftirqd/1\t64\t64\n")
     assert parse_napi_tsv(text).tolist() == [[1796226090566698074, 0, 1], [1796226090566700000, 1, 64]]
     assert parse_napi_tsv("realtime_s\n").shape == (0, 3)
+    with_napi = ("realtime_s\tmono_s\tcpu\tcontext\twork\tbudget\tnapi\n"
+                 "1796226090.566698074\t5648.054961000\t0\tiperf3\t1\t64\t00000000a1b2c3d4\n")
+    assert parse_napi_tsv(with_napi).tolist() == [[1796226090566698074, 0, 1]]

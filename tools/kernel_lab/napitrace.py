@@ -14,7 +14,8 @@ from .runner import CaptureError
 
 TRACEFS = Path("/sys/kernel/tracing")
 NAPI_POLL_RE = re.compile(
-    r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+): napi_poll: .*? "
+    r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<ts>\d+\.\d+): napi_poll: "
+    r".*?napi struct (?P<napi>\S+) .*? "
     r"work (?P<work>\d+) budget (?P<budget>\d+)"
 )
 
@@ -23,8 +24,9 @@ class NapiTrace:
     """napi:napi_poll events of the receiver's ``vb`` in a private tracefs instance (``--trace-napi``).
 
     Each event is one veth_poll() call: CPU, the task it interrupted (or ksoftirqd / napi/vb-N), ``work``
-    packets taken from the ring. The trace clock is ``mono``; the JSON records CLOCK_REALTIME - CLOCK_MONOTONIC
-    so the poll times can be put on the pcap time axis (``<name>.napi.tsv`` has both).
+    packets taken from the ring, and which NAPI instance (one per RX queue of vb) it was. The trace clock is
+    ``mono``; the JSON records CLOCK_REALTIME - CLOCK_MONOTONIC so the poll times can be put on the pcap time
+    axis (``<name>.napi.tsv`` has both).
     """
 
     def __init__(self, name: str) -> None:
@@ -63,17 +65,19 @@ class NapiTrace:
         work_hist: Counter[int] = Counter()
         per_cpu: Counter[int] = Counter()
         per_ctx: Counter[str] = Counter()
-        rows = ["realtime_s\tmono_s\tcpu\tcontext\twork\tbudget"]
+        per_napi: Counter[str] = Counter()
+        rows = ["realtime_s\tmono_s\tcpu\tcontext\twork\tbudget\tnapi"]
         for line in text.splitlines():
             m = NAPI_POLL_RE.match(line)
             if not m:
                 continue
             w, cpu, ts = int(m["work"]), int(m["cpu"]), float(m["ts"])
             ctx = re.sub(r"[/:].*", "", m["comm"].strip())  # ksoftirqd/0 -> ksoftirqd, napi/vb-3 -> napi
-            rows.append(f"{ts + off:.9f}\t{ts:.9f}\t{cpu}\t{m['comm'].strip()}\t{w}\t{m['budget']}")
+            rows.append(f"{ts + off:.9f}\t{ts:.9f}\t{cpu}\t{m['comm'].strip()}\t{w}\t{m['budget']}\t{m['napi']}")
             work_hist[w] += 1
             per_cpu[cpu] += w
             per_ctx[ctx] += w
+            per_napi[m["napi"]] += w
         tsv.write_text("\n".join(rows) + "\n")
         lost = re.search(r"entries-in-buffer/entries-written: (\d+)/(\d+)", text)
         return {
@@ -81,6 +85,7 @@ class NapiTrace:
             "realtime_minus_mono_ns": self.offsets, "polls": sum(work_hist.values()),
             "packets": sum(per_cpu.values()), "work_histogram": dict(sorted(work_hist.items())),
             "packets_per_cpu": dict(sorted(per_cpu.items())), "packets_per_context": dict(per_ctx.most_common()),
+            "packets_per_napi": dict(per_napi.most_common()),
             "entries_in_buffer_written": [int(lost[1]), int(lost[2])] if lost else None,
         }  # fmt: skip
 
