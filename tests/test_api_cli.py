@@ -269,3 +269,19 @@ def test_analyze_refuses_a_misspelled_gro_keyword():
 def test_cli_has_no_engine_switch():
     r = CliRunner().invoke(app, ["analyze", "--gro-engine", "reference"])
     assert r.exit_code == 2 and "No such option" in r.output
+
+
+
+def test_summary_gives_the_share_of_every_poll_end_the_rows_have(tmp_path):
+    """The summary's poll-end line, in words, against the super-packet rows' own poll_end column (a NIC model,
+    whose coalescing ends the line once had no words for)."""
+    cap = KERNEL / "v6_65536.snd.pcap"
+    res = CliRunner().invoke(app, ["analyze", str(cap), "-o", str(tmp_path), "--rx-usecs", "10"],
+                             env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    pe = pd.read_parquet(tmp_path / "superpackets.parquet")["poll_end"].astype(str)
+    counts = pe[pe != "none"].value_counts()
+    text = " ".join(res.output.split())
+    assert f"{counts.sum()} super-packets ended at a NAPI poll end" in text
+    assert counts["coalescing"] > 0
+    assert f"{100 * counts['coalescing'] / counts.sum():.0f} % the NIC's interrupt coalescing" in text

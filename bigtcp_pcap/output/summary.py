@@ -38,10 +38,11 @@ def render(summary: dict, console: Console) -> None:
     ends = sum(pe.values())
     if ends:
         words = {"ack": "evidenced by the receiver's ACKs", "gap": "guessed from timestamp gaps",
-                 "budget": "the NAPI budget", "timer": "flush-timeout polls", "trace": "a recorded poll trace",
-                 "end_of_capture": "the end of the capture"}
+                 "push_gap": "guessed from a short gap after the sender's push", "budget": "the NAPI budget",
+                 "timer": "flush-timeout polls", "trace": "a recorded poll trace",
+                 "coalescing": "the NIC's interrupt coalescing", "end_of_capture": "the end of the capture"}
         head.add_row("poll ends", f"{_n(ends)} super-packets ended at a NAPI poll end: " +
-                     ", ".join(f"{100 * v / ends:.0f} % {words[k]}" for k, v in pe.items() if v))
+                     ", ".join(f"{100 * v / ends:.0f} % {words.get(k, k)}" for k, v in pe.items() if v))
     if sp.get("late_segments"):
         head.add_row("late segments", f"{_n(sp['late_segments'])} reached the receiver after later data of their "
                      "flow (its SACK, then an ACK before any resend): rebuilt where it got them, each alone, "
