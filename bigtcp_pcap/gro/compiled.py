@@ -49,7 +49,7 @@ import numpy as np
 
 from .._native import njit
 from ..buffers import lazy_zeros
-from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_SYN, PacketBatch
+from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_PSH, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
@@ -77,6 +77,7 @@ from .rules import (
     r17_goes_alone,
     r20_completed,
     r20_observed,
+    r21_2_end_cause,
     r21_2_poll_ended,
     r21_3_budget_used,
     r21_4_jiffy,
@@ -101,14 +102,14 @@ NSF = 13
  E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(24)
 NHF = 24
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
-Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN, Q_BUSY = range(12)
-NQF = 12
+Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN, Q_BUSY, Q_PUSH = range(13)
+NQF = 13  # Q_PUSH: the poll's last packet was a TCP segment with PSH (R21.2b)
 # --- per-(queue, bucket) row of _B ----------------------------------------------------------------------------
 B_HEAD, B_TAIL, B_LEN = range(3)
 # --- config vector _C ------------------------------------------------------------------------------------------
 (C_LIM4, C_LIM6, C_GAP, C_CWR, C_GSO_AUTO, C_NEEDS_DF, C_MAXSKBS, C_HZ, C_PHASE, C_FLUSH_OLD_FULL, C_TMO,
- C_WEIGHT, C_DEFER, C_HBH, C_NB, C_NQ, C_RXU, C_RXF) = range(18)
-NCF = 18
+ C_WEIGHT, C_DEFER, C_HBH, C_NB, C_NQ, C_RXU, C_RXF, C_PGAP) = range(19)
+NCF = 19
 
 _OUT_TYPES = tuple(COLUMN_TYPES.values())
 _NO_MARKS = np.zeros(0, np.uint8)  # feed without poll_start: the gap rule cuts polls
@@ -275,9 +276,9 @@ def _timers(S, H, FR, Q, B, C, O, K, q, t, marks, mark):
             Q[q, Q_CAUSE] = R.PE_TIMER
             _complete_poll(S, H, FR, Q, B, C, O, K, q, dl, Q[q, Q_N])
             continue
-        if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark) \
-                and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
-            Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
+        if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], C[C_GAP], marks, mark, Q[q, Q_PUSH] != 0,
+                            C[C_PGAP]) and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
+            Q[q, Q_CAUSE] = r21_2_end_cause(marks, t - Q[q, Q_LAST], C[C_GAP])
             _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])  # R21.2: idle gap (or mark) ended it
             continue
         if nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
@@ -334,6 +335,7 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
     tmo = C[C_TMO] > 0
     weight = C[C_WEIGHT]
     gap = C[C_GAP]
+    pgap = C[C_PGAP]
     cwr = C[C_CWR]
     needs_df = C[C_NEEDS_DF] != 0
     maxskbs = C[C_MAXSKBS]
@@ -356,9 +358,9 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
         if tmo:
             now = _timers(S, H, FR, Q, B, C, O, K, q, t, marks, mark)
         else:
-            if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark) \
-                    and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
-                Q[q, Q_CAUSE] = R.PE_TRACE if marks else R.PE_GAP
+            if r21_2_poll_ended(Q[q, Q_HASLAST] != 0, t, Q[q, Q_LAST], gap, marks, mark, Q[q, Q_PUSH] != 0,
+                                pgap) and not busy_poll_continues(Q[q, Q_BUSY], t, BUSY_SLACK_NS):
+                Q[q, Q_CAUSE] = r21_2_end_cause(marks, t - Q[q, Q_LAST], gap)
                 _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             elif nic and nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
                 Q[q, Q_CAUSE] = R.PE_COALESCE
@@ -367,6 +369,7 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
         if Q[q, Q_HASLAST] == 0 or t > Q[q, Q_LAST]:  # the poll's clock: a late segment fed out of capture order
             Q[q, Q_LAST] = t  # (or a capture clock that steps back) does not move it back
         Q[q, Q_HASLAST] = 1
+        Q[q, Q_PUSH] = 1 if kind[i] != KIND_OTHER and (fl_a[i] & TH_PSH) != 0 else 0
         if busy and bz[i] > Q[q, Q_BUSY]:
             Q[q, Q_BUSY] = bz[i]
         if nic:
@@ -769,6 +772,8 @@ class CompiledGroEngine:
         lim4, lim6 = rules.r15_limits(cfg)
         gap = float(cfg.poll_gap_us) * 1000.0  # the reference compares int > float; for ints, > floor(gap)
         gap_i = BIG if (math.isinf(gap) or gap >= BIG) else math.floor(gap)
+        pgap = rules.r21_2_push_gap_ns(cfg)
+        pgap_i = BIG if (math.isinf(pgap) or pgap >= BIG) else math.floor(pgap)
         C = np.zeros(NCF, np.int64)
         C[C_LIM4] = lim4
         C[C_LIM6] = lim6
@@ -788,6 +793,7 @@ class CompiledGroEngine:
         C[C_NQ] = cfg.rx_queues
         C[C_RXU] = cfg.rx_usecs * 1000
         C[C_RXF] = cfg.rx_frames
+        C[C_PGAP] = pgap_i
         self._C = C
         self._nb = cfg.gro_hash_buckets
         # per flow key (gid)

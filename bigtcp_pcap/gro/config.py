@@ -47,6 +47,9 @@ class GroConfig:
     """Offset of the jiffy boundaries against capture time (unknowable; 0 or sweep it)."""
     poll_gap_us: float = 20.0
     """Idle gap that ends a NAPI poll: packets further apart land in different polls (section 7.1)."""
+    poll_push_gap_us: float = 6.0
+    """R21.2b: the shorter idle gap that ends a poll after a segment with PSH (veth: the sender's push ends its
+    transmit, and the poll runs right after it). math.inf turns the rule off; not used with rx_usecs/rx_frames."""
     gro_flush_timeout_ns: int = 0
     """R21.5: > 0 keeps young entries across polls and re-polls after this timeout."""
     napi_defer_hard_irqs: int = 0
@@ -95,6 +98,9 @@ class GroConfig:
         gap = self.poll_gap_us
         if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not gap >= 0:
             raise ValueError(f"poll_gap_us must be a number >= 0 (math.inf: no gap rule), got {self.poll_gap_us!r}")
+        pgap = self.poll_push_gap_us
+        if isinstance(pgap, bool) or not isinstance(pgap, (int, float)) or not pgap >= 0:
+            raise ValueError(f"poll_push_gap_us must be a number >= 0 (math.inf: no push-gap rule), got {pgap!r}")
         _check_int("gro_flush_timeout_ns", self.gro_flush_timeout_ns, 0)
         _check_int("napi_defer_hard_irqs", self.napi_defer_hard_irqs, 0)
         _check_int("rx_queues", self.rx_queues, 1)
@@ -154,8 +160,9 @@ class GroConfig:
         d: dict[str, Any] = asdict(self)
         if d["max_gro_skbs"] == math.inf:
             d["max_gro_skbs"] = "inf"
-        if d["poll_gap_us"] == math.inf:
-            d["poll_gap_us"] = "inf"
+        for k in ("poll_gap_us", "poll_push_gap_us"):
+            if d[k] == math.inf:
+                d[k] = "inf"
         d["effective_gro_ipv4_max_size"] = self.ipv4_limit
         d["cwr_flushes"] = self.cwr_flushes
         d["fixedid_needs_df"] = self.fixedid_needs_df

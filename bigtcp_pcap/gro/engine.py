@@ -51,11 +51,11 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import python_twin
-from ..decode.schema import TH_SYN, PacketBatch
+from ..decode.schema import TH_PSH, TH_SYN, PacketBatch
 from . import reasons as R
 from . import rules
 from .config import GroConfig
-from .prepare import KIND_ALONE, KIND_TCP, Prepared, prepare
+from .prepare import KIND_ALONE, KIND_OTHER, KIND_TCP, Prepared, prepare
 from .rules import M32
 from .superpacket import SuperPacketBatch
 
@@ -69,6 +69,7 @@ r16_completes, r16_ored_flags, r16_reason = _py.r16_completes, _py.r16_ored_flag
 r17_goes_alone, r17_alone_reason = _py.r17_goes_alone, _py.r17_alone_reason
 r20_completed, r20_observed = _py.r20_completed, _py.r20_observed
 r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = _py.r21_4_jiffy, _py.r21_2_poll_ended, _py.r21_5_poll_end
+r21_2_end_cause = _py.r21_2_end_cause
 r21_3_budget_used = _py.r21_3_budget_used
 acked_end_ends_poll, busy_poll_continues = _py.acked_end_ends_poll, _py.busy_poll_continues
 nic_window_closed = _py.nic_window_closed
@@ -118,6 +119,7 @@ class GroEngine:
         self.config = cfg
         self._lim4, self._lim6 = rules.r15_limits(cfg)
         self._gap_ns = float(cfg.poll_gap_us) * 1000.0
+        self._pgap_ns = rules.r21_2_push_gap_ns(cfg)
         self._cwr = rules.r14_1_cwr_mask(cfg)
         self._gso_auto = cfg.input_is_gso is not False
         self._needs_df = cfg.fixedid_needs_df
@@ -133,6 +135,7 @@ class GroEngine:
         self._qws: list[int] = []  # NIC coalescing: arrival of the packet that opened the IRQ window
         self._qwn: list[int] = []  # packets since then (0: no window open)
         self._qbusy: list[int] = []  # latest busy time (evidence.evidence_scan) of the running poll's packets
+        self._qpush: list[bool] = []  # the running poll's last packet was a TCP segment with PSH (R21.2b)
         self._rxu = cfg.rx_usecs * 1000
         self._ensure_queues(cfg.rx_queues)
         # per flow key (gid)
@@ -232,6 +235,7 @@ class GroEngine:
             self._qws.append(0)
             self._qwn.append(0)
             self._qbusy.append(0)
+            self._qpush.append(False)
 
     def _queue_rows(self, prep: Prepared, rx: np.ndarray) -> np.ndarray:
         """RX queue per packet: per receiver, (flow hash >> 32) % rx_queues (RSS stand-in)."""
@@ -326,6 +330,8 @@ class GroEngine:
         ak = acked.tolist() if acked is not None else None
         bz = busy.tolist() if busy is not None else None
         qbusy = self._qbusy
+        qpush = self._qpush
+        pgap = self._pgap_ns
         slack = rules.BUSY_SLACK_NS
         nxt = next_same(np.asarray(gids)).tolist() if acked is not None else None
         qcause = self._qcause
@@ -364,9 +370,9 @@ class GroEngine:
                 now = self._timers(q, t, None if ps is None else ps[i])
             else:
                 last = qlast[q]
-                if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i]) \
-                        and not busy_poll_continues(qbusy[q], t, slack):
-                    qcause[q] = R.PE_GAP if ps is None else R.PE_TRACE
+                if r21_2_poll_ended(last is not None, t, last, gap, ps is not None, ps is not None and ps[i],
+                                    qpush[q], pgap) and not busy_poll_continues(qbusy[q], t, slack):
+                    qcause[q] = r21_2_end_cause(ps is not None, t - last, gap)
                     self._complete_poll(q, last, qn[q])
                 elif nic_window_closed(qwn[q], t, qws[q], rxu, rxf):
                     qcause[q] = R.PE_COALESCE
@@ -374,6 +380,7 @@ class GroEngine:
                 now = t
             if qlast[q] is None or t > qlast[q]:  # the poll's clock does not go back (a late segment fed out of
                 qlast[q] = t  # capture order, a capture clock that steps back)
+            qpush[q] = kind[i] != KIND_OTHER and (fl[i] & TH_PSH) != 0
             if bz is not None and bz[i] > qbusy[q]:
                 qbusy[q] = bz[i]
             if not qwn[q]:  # this packet found NAPI idle: it opens the NIC's coalescing window
@@ -547,9 +554,9 @@ class GroEngine:
                 self._complete_poll(q, dl, self._qn[q])
                 continue
             last = self._qlast[q]
-            if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark) \
-                    and not busy_poll_continues(self._qbusy[q], t, rules.BUSY_SLACK_NS):
-                self._qcause[q] = R.PE_GAP if mark is None else R.PE_TRACE
+            if r21_2_poll_ended(last is not None, t, last, self._gap_ns, mark is not None, mark, self._qpush[q],
+                                self._pgap_ns) and not busy_poll_continues(self._qbusy[q], t, rules.BUSY_SLACK_NS):
+                self._qcause[q] = r21_2_end_cause(mark is not None, t - last, self._gap_ns)
                 self._complete_poll(q, last, self._qn[q])
                 continue
             if nic_window_closed(self._qwn[q], t, self._qws[q], self._rxu, self.config.rx_frames):

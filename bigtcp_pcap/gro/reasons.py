@@ -93,6 +93,7 @@ PE_TIMER = 4  # model: gro_flush_timeout / napi_defer_hard_irqs timer polls (R21
 PE_TRACE = 5  # known: a poll start given by the caller (the kernel's napi:napi_poll trace)
 PE_END = 6  # the end of the capture
 PE_COALESCE = 7  # model: the NIC's interrupt coalescing window (rx-usecs / rx-frames) closed
+PE_PUSH_GAP = 8  # guessed from the sender: an idle gap longer than poll_push_gap_us after a PSH segment (R21.2b)
 POLL_END_NAMES: tuple[str, ...] = ("none", "ack", "gap", "budget", "timer", "trace", "end_of_capture",
-                                   "coalescing")
+                                   "coalescing", "push_gap")
 """Name of each poll_end code."""

@@ -17,6 +17,8 @@ batch with the same functions): they use only arithmetic and bitwise operators.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._native import njit
@@ -305,11 +307,32 @@ def r21_4_jiffy(now, phase, hz):
     return qd * hz + (r * hz) // 1_000_000_000
 
 
+def r21_2_push_gap_ns(cfg: GroConfig) -> float:
+    """R21.2b: the idle gap (ns) after a PSH segment that ends a poll; inf with a NIC coalescing model.
+
+    On veth the sender's CPU runs the receiver's NAPI poll itself, in the softirq that follows its transmit
+    (local_bh_enable after dev_hard_start_xmit). A segment with PSH is the last of what one send call pushed
+    (tcp_push marks it), so an idle gap right after it is the sender leaving the transmit path: the poll runs
+    there and takes the ring empty. A NIC's poll comes from its interrupt coalescing instead, which the
+    sender's pushes do not move."""
+    if cfg.rx_usecs > 0 or cfg.rx_frames > 0:
+        return math.inf
+    return float(cfg.poll_push_gap_us) * 1000.0
+
+
 @njit(cache=True, inline="always")
-def r21_2_poll_ended(has_last, t, last, gap, marked, mark):
+def r21_2_poll_ended(has_last, t, last, gap, marked, mark, last_push, push_gap):
     """R21.2 (section 7.1): the running poll ended before a packet at t: an idle gap longer than poll_gap_us
-    since the poll's last packet, or, when poll starts are known (``marked``), the packet is marked."""
-    return has_last and (mark if marked else t - last > gap)
+    since the poll's last packet, or (R21.2b) longer than poll_push_gap_us when that packet carried PSH
+    (``last_push``); when poll starts are known (``marked``), the packet is marked."""
+    return has_last and (mark if marked else (t - last > gap or (last_push and t - last > push_gap)))
+
+
+@njit(cache=True, inline="always")
+def r21_2_end_cause(marked, idle, gap):
+    """``poll_end`` of a poll that r21_2_poll_ended ended: a trace mark, an idle gap longer than poll_gap_us,
+    else the shorter gap after a push (R21.2b)."""
+    return R.PE_TRACE if marked else R.PE_GAP if idle > gap else R.PE_PUSH_GAP
 
 
 @njit(cache=True, inline="always")

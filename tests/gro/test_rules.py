@@ -6,6 +6,8 @@ engines (the compiled one users get, and the reference): the rules themselves li
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -530,6 +532,55 @@ def test_r21_2_gap_must_exceed_poll_gap_us():
     assert segs(simulate(f.segments(4))) == [4]
     g = SynthFlow(spacing_ns=20 * US + 1)
     assert segs(simulate(g.segments(4))) == [1, 1, 1, 1]
+
+
+def _push_then_gap(idle_us: int, psh: bool = True) -> list[dict]:
+    """40 segments (the last with PSH), an idle gap, 60 more: one flow, 1 us apart otherwise."""
+    f = SynthFlow()
+    pk = f.segments(40, last_psh=psh)
+    f.gap((idle_us - 1) * US)
+    return pk + f.segments(60)
+
+
+def test_r21_2b_idle_gap_after_a_push_ends_the_poll_and_resets_the_budget():
+    """8 us idle after a PSH segment (shorter than poll_gap_us 20): the poll ended there, so the next 60
+    segments start a fresh 64-packet budget; without R21.2b the poll runs on and its budget cuts after 24."""
+    pk = _push_then_gap(8)
+    assert summary(simulate(pk, gro_max_size=185000)) == [(1, 40, "psh"), (41, 60, "end_of_capture")]
+    off = [(1, 40, "psh"), (41, 24, "napi_poll"), (65, 36, "end_of_capture")]
+    assert summary(simulate(pk, gro_max_size=185000, poll_push_gap_us=math.inf)) == off
+    assert summary(simulate(pk, gro_max_size=185000, rx_usecs=1000)) == off  # a NIC's polls follow its IRQs
+
+
+def test_r21_2b_needs_the_push_and_a_gap_longer_than_poll_push_gap_us():
+    budget_cut = [(1, 40, "psh"), (41, 24, "napi_poll"), (65, 36, "end_of_capture")]
+    assert summary(simulate(_push_then_gap(6), gro_max_size=185000)) == budget_cut  # 6 us: not longer
+    assert summary(simulate(_push_then_gap(7), gro_max_size=185000, poll_push_gap_us=7)) == budget_cut
+    assert segs(simulate(_push_then_gap(7), gro_max_size=185000)) == [40, 60]
+    no_push = simulate(_push_then_gap(8, psh=False), gro_max_size=185000)  # the same gap, no PSH: same poll
+    assert summary(no_push) == [(1, 64, "napi_poll"), (65, 36, "end_of_capture")]
+
+
+def test_r21_2b_poll_end_flushes_the_other_flows_and_says_push_gap():
+    """Flow B's 3 segments are held when A's push is followed by 8 us of silence: the poll end completes them
+    (poll_end push_gap), and B's next 3 make a new super-packet."""
+    from bigtcp_pcap.gro.reasons import POLL_END_NAMES
+
+    a, b = SynthFlow(), SynthFlow(sport=40001, t0_ns=500)
+    pk: list[dict] = []
+    for _ in range(3):
+        pk += [b.segment(), a.segment()]
+    pk[-1]["tcp_flags"] = TH_ACK | TH_PSH
+    a.gap(7 * US)
+    b.t = a.t + 500
+    for _ in range(3):
+        pk += [a.segment(), b.segment()]
+    r = simulate(pk)
+    assert summary(r) == [(2, 3, "psh"), (1, 3, "napi_poll"), (7, 3, "end_of_capture"), (8, 3, "end_of_capture")]
+    assert [POLL_END_NAMES[c] for c in r.poll_end.tolist()] == ["none", "push_gap", "end_of_capture",
+                                                                "end_of_capture"]
+    off = simulate(pk, poll_push_gap_us=math.inf)  # one poll: B's six segments merge
+    assert sorted(zip(off.first_frame.tolist(), segs(off))) == [(1, 6), (2, 3), (7, 3)]
 
 
 def test_r21_3_full_budget_at_hz_250_flushes_everything():
