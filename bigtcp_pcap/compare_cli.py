@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
         receiver: Annotated[str, typer.Argument(help="capture taken on the receiving host (post-GRO)")],
         outdir: Annotated[Path | None, typer.Option("-o", "--outdir", help="write compare.parquet here")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON document")] = False,
-        fit: Annotated[bool, typer.Option("--fit", help="also search the poll gap that reproduces the pair best")]
+        fit: Annotated[bool, typer.Option("--fit", help="also search the poll gap and the push gap that reproduce "
+                                                        "the pair best")]
         = False,
         gro: GroConfig | None = None,
     ) -> None:
@@ -60,7 +61,8 @@ def _render(res) -> None:
               f"{res.reproduced} of {res.receiver_superpackets} super-packets reproduced exactly "
               f"({100 * res.share:.1f} %); the rebuild made {res.rebuilt_superpackets}", highlight=False)
     out.print(f"model: gro_max_size {c.gro_max_size}, gro_ipv4_max_size {c.ipv4_limit}, napi_weight "
-              f"{c.napi_weight}, hz {c.hz}, poll_gap_us {c.poll_gap_us:g}", highlight=False)
+              f"{c.napi_weight}, hz {c.hz}, poll_gap_us {c.poll_gap_us:g}, poll_push_gap_us {c.poll_push_gap_us:g}",
+              highlight=False)
     missed = res.receiver_superpackets - res.reproduced
     if missed:
         words = {"poll_boundary": "a NAPI poll ended elsewhere (a capture does not record poll boundaries)",
@@ -76,6 +78,8 @@ def _render(res) -> None:
     out.print(t)
     if res.fit:
         best = max(res.fit, key=lambda r: r["share"])
-        out.print(f"--fit: best poll gap {best['poll_gap_us']:g} us reproduces {best['reproduced']} "
+        push = best["poll_push_gap_us"]
+        out.print(f"--fit: best poll gap {best['poll_gap_us']:g} us, push gap {push if push == 'inf' else f'{push:g}'}"
+                  f" us reproduces {best['reproduced']} "
                   f"({100 * best['share']:.1f} %); for what-if runs on this host: bigtcp-pcap analyze SENDER "
                   f"{best['options']}", highlight=False)

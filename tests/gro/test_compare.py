@@ -103,6 +103,11 @@ def test_cli_json_parquet_and_exit_codes(tmp_path):
     assert {"receiver_superpackets", "reproduced", "share"} <= set(d)
     assert d["share"] == pytest.approx(d["reproduced"] / d["receiver_superpackets"], abs=1e-6)
     assert d["fit_best"]["share"] >= d["share"] - 1e-9  # the grid holds the default 20 us
+    assert {f["poll_push_gap_us"] for f in d["fit"]} >= {2.0, 6.0, "inf"}  # the push gap is searched too
+    again = CliRunner().invoke(app, ["compare", snd, rcv, "--gro-ipv4-max-size", "185000", "--json",
+                                     *d["fit_best"]["options"].split()])  # the printed options give that share
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["reproduced"] == d["fit_best"]["reproduced"]
     t = pq.read_table(tmp_path / "compare.parquet").to_pydict()
     rec = [m for s, m in zip(t["side"], t["matched"], strict=True) if s == "receiver"]
     assert len(rec) == d["receiver_superpackets"] and sum(rec) == d["reproduced"]
