@@ -42,6 +42,7 @@ from ..decode.schema import (
     ST_UNKNOWN_LINKTYPE,
     TUNNEL_NONE,
     PacketBatch,
+    RowsView,
 )
 from . import linktypes as LT
 from . import normalize as nz
@@ -343,7 +344,7 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
         skipped = len(pb) - idx.size
         if idx.size < len(pb):
             rb = _Rows(rb.buf, np.asarray(rb.off)[idx])
-            pb = pb.take(idx)
+            pb = RowsView(pb, idx)  # the audit reads a few columns of these rows
     n = len(pb)
     buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
     off = np.asarray(rb.off, dtype=np.int64)[:n]

@@ -185,6 +185,31 @@ class _Batch:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+class RowsView:
+    """Rows ``idx`` of a PacketBatch, each column taken only when first read: for a stage that reads a few
+    columns of a subset (the filter audit's candidate frames), instead of ``take`` copying every column."""
+
+    def __init__(self, batch, idx: np.ndarray) -> None:
+        self._batch = batch
+        self._idx = np.flatnonzero(idx) if idx.dtype == np.bool_ else idx
+
+    def __len__(self) -> int:
+        return int(self._idx.shape[0])
+
+    def __getattr__(self, name: str) -> np.ndarray:  # a column not read yet
+        if name not in COLUMN_TYPES:
+            raise AttributeError(name)
+        col = getattr(self._batch, name)[self._idx]
+        setattr(self, name, col)
+        return col
+
+    def take(self, idx: np.ndarray) -> RowsView:
+        return RowsView(self._batch, self._idx[idx])
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in COLUMN_TYPES}
+
+
 PacketBatch = make_dataclass(
     "PacketBatch", [(c.name, np.ndarray) for c in BATCH_COLUMNS], bases=(_Batch,),
     namespace={"__doc__": "Decoded columns of consecutive frames (see the module docstring and COLUMNS)."})
