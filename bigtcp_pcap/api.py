@@ -28,7 +28,7 @@ from .audit.stage import FilterAudits
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
-from .errors import BigtcpError, CaptureError, Interrupted, OutputError
+from .errors import BigtcpError, CaptureError, Interrupted, OutputError, make_outdir
 from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
@@ -205,12 +205,11 @@ class _Run:
             self.out = Path(tempfile.mkdtemp(prefix="bigtcp-pcap-"))
             self.tmp = self.out
         else:
-            self.out = Path(outdir)
             try:
-                self.out.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
+                self.out = make_outdir(outdir)
+            except OutputError:
                 self.reader.src.close()
-                raise OutputError.from_os(str(self.out), e, "cannot make the output directory") from None
+                raise
         # the per-frame audit rows beyond what is kept in memory go to the output directory
         self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port, spill_dir=self.out)
         idle, close = flow_timeouts_s

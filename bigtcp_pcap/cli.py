@@ -291,6 +291,9 @@ def main() -> None:
         msg = " ".join(e.format_message().split())
         print(f"{cmd}: {msg} (see '{cmd} -h')", file=sys.stderr)
         code = EXIT_USAGE
+    except BigtcpError as e:  # a command that did not catch its own (an output path that cannot be written ...)
+        print(f"bigtcp-pcap: {e.one_line()}", file=sys.stderr)
+        code = e.exit_code
     except typer.Abort:
         print("bigtcp-pcap: interrupted by SIGINT", file=sys.stderr)
         code = 130

@@ -37,7 +37,7 @@ import numpy as np
 
 from .capture.reader import CaptureReader
 from .decode import PacketBatch, decode
-from .errors import UsageError
+from .errors import OutputError, UsageError, make_outdir
 from .gro import GroConfig, SuperPacketBatch
 from .gro.reasons import REASON_NAMES
 from .gro.stage import GroStage
@@ -395,7 +395,7 @@ def _write(out: Path, res: Comparison) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    out.mkdir(parents=True, exist_ok=True)
+    make_outdir(out)
     schema = pa.schema([("side", pa.string()), ("src", pa.string()), ("dst", pa.string()), ("sport", pa.uint16()),
                         ("dport", pa.uint16()), ("seq", pa.uint32()), ("payload_len", pa.uint32()),
                         ("matched", pa.bool_()), ("cause", pa.string()), ("flush_reason", pa.string())],
@@ -403,8 +403,12 @@ def _write(out: Path, res: Comparison) -> None:
                                                                      if k not in ("flows",)})})
     table = pa.table(res.rows, schema=schema)
     tmp = out / "compare.parquet.tmp"
-    pq.write_table(table, tmp)
-    tmp.replace(out / "compare.parquet")
+    try:
+        pq.write_table(table, tmp)
+        tmp.replace(out / "compare.parquet")
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError.from_os(str(out / "compare.parquet"), e) from None
 
 
 __all__ = ["CAUSES", "REASON_NAMES", "Comparison", "compare", "rebuild"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+from pathlib import Path
 
 EXIT_USAGE, EXIT_CAPTURE, EXIT_OUTPUT = 2, 3, 4
 
@@ -77,6 +78,17 @@ class OutputError(BigtcpError):
     def from_os(cls, path: str, e: OSError, doing: str = "cannot write") -> OutputError:
         """From an OSError, with the system's text (``Read-only file system``, ``No space left on device``)."""
         return cls(path, f"{doing}: {os_text(e)}")
+
+
+def make_outdir(path: str | os.PathLike) -> Path:
+    """``mkdir -p`` for an output directory; a path that cannot be one (a file, no permission, read-only) is an
+    ``OutputError``."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError.from_os(str(out), e, "cannot make the output directory") from None
+    return out
 
 
 def os_text(e: OSError) -> str:

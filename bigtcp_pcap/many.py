@@ -24,6 +24,7 @@ from typing import Any, Self
 
 from . import findings as F
 from .buffers import tune_malloc
+from .errors import make_outdir
 from .split import Part, PartReader, find_parts, idle_gap_ns, part_name, whole
 
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar", ".gz", ".bz2", ".xz", ".zst")
@@ -398,8 +399,7 @@ def analyze_many(paths: Iterable[str | os.PathLike], outdir: str | os.PathLike, 
     kw = _gro_kw(dict(kw))
     files = expand_paths(paths)
     names = partition_names(files)
-    out = Path(outdir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_outdir(outdir)
     work = out / "_work"
     results: list[dict | None] = [None] * len(files)
     with _Runner(jobs, client) as runner:

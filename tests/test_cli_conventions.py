@@ -1,4 +1,5 @@
-"""CLI conventions: --version, -h as well as --help on every command, shell completion (the installed script)."""
+"""CLI conventions: --version, -h as well as --help on every command, shell completion (the installed script), and
+one-line errors for output paths that cannot be written."""
 
 from __future__ import annotations
 
@@ -43,3 +44,37 @@ def test_shell_completion_completes_commands_and_options():
     r = _run(env={"_BIGTCP_PCAP_COMPLETE": "complete_bash", "COMP_WORDS": "bigtcp-pcap dissect --bigtcp",
                   "COMP_CWORD": "2"})
     assert r.stdout.split() == ["--bigtcp-only"]
+
+
+_KERNEL = Path(__file__).parent / "fixtures" / "kernel"
+
+
+@needs_exe
+@pytest.mark.parametrize("cmd", [
+    ["egress", str(_KERNEL / "mixed_185000.rcv.pcap"), "-o", "{file}"],
+    ["explode", str(_KERNEL / "mixed_185000.rcv.pcap"), "{file}/x.pcap"],
+    ["compare", str(_KERNEL / "v6_185000.snd.pcap"), str(_KERNEL / "v6_185000.rcv.pcap"), "-o", "{file}"],
+    ["analyze", str(_KERNEL / "mixed_185000.rcv.pcap"), str(_KERNEL / "v4_185000.rcv.pcap"), "-o", "{file}"],
+])
+def test_an_output_path_that_cannot_be_written_is_one_line_exit_4(tmp_path, cmd):
+    """An output directory that is a file (or under one): one line naming it, exit 4, no traceback."""
+    f = tmp_path / "afile"
+    f.write_bytes(b"")
+    r = _run(*(a.replace("{file}", str(f)) for a in cmd))
+    assert r.returncode == 4, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bigtcp-pcap: ") and str(f) in lines[0], r.stderr
+
+
+@needs_exe
+def test_explode_refusal_leaves_no_part_file(tmp_path):
+    """explode refuses to write a pcap of several link types (exit 2) and leaves neither the file nor its .part."""
+    multi = tmp_path / "multi.pcapng"
+    r = subprocess.run(["mergecap", "-w", str(multi), str(_KERNEL / "mixed_185000.rcv.pcap"),
+                        str(_KERNEL / "linktypes" / "sll2_v6_185000.rcv.pcap")], capture_output=True, check=False)
+    assert r.returncode == 0, r.stderr
+    dest = tmp_path / "ex.pcap"
+    r = _run("explode", str(multi), str(dest))
+    assert r.returncode == 2, r.stderr
+    assert "link types" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multi.pcapng"]

@@ -21,7 +21,7 @@ import numpy as np
 from .. import __version__
 from ..capture.reader import CaptureInfo, CaptureReader
 from ..decode import decode
-from ..errors import CaptureError
+from ..errors import CaptureError, make_outdir
 from ..flows.table import FlowTable
 from ..output import arrow as A
 from ..output import parquet as P
@@ -158,8 +158,7 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
     if outdir is None:
         out = tmp = Path(tempfile.mkdtemp(prefix="bigtcp-egress-"))
     else:
-        out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
+        out = make_outdir(outdir)
         for t in TABLES:
             (out / f"{t}.parquet").unlink(missing_ok=True)
     reader = CaptureReader(source, name=name, sha256=sha256)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..capture.reader import CaptureReader
 from ..decode import decode
-from ..errors import CaptureError
+from ..errors import CaptureError, OutputError
 from ..flows.table import FlowTable
 from .config import EgressProfile, ProfileError
 from .engine import ACTION_SEGMENTED, EgressEngine
@@ -187,23 +187,34 @@ def explode(source: str | os.PathLike | BinaryIO, dest: str | os.PathLike, *, ms
     frames_in = frames_out = supers = segs_out = 0
     error: CaptureError | None = None
     tmp = dest.with_name(dest.name + ".part")
-    with open(tmp, "wb") as f:
-        w = _Writer(f, pcapng)
-        try:
-            for rb in reader:
-                pb, _ = decode(rb)
-                eb = engine.feed(pb, flows.assign(pb))
-                snap = max((s for s in reader.info.snaplens if s > 0), default=MAX_SNAPLEN)
-                n_sp, n_seg = _batch(w, rb, pb, eb, snap)
-                frames_in += len(pb)
-                frames_out += len(eb)
-                supers += n_sp
-                segs_out += n_seg
-        except CaptureError as e:
-            error = e
-        if w.linktype is None and not pcapng:  # an empty capture still gets a valid file
-            w.begin(np.ones(1, np.uint16), np.zeros(1, np.uint32), MAX_SNAPLEN)
-    tmp.replace(dest)
+    try:
+        f = open(tmp, "wb")  # noqa: SIM115 - closed below
+    except OSError as e:
+        reader.src.close()
+        raise OutputError.from_os(str(dest), e) from None
+    try:
+        with f:
+            w = _Writer(f, pcapng)
+            try:
+                for rb in reader:
+                    pb, _ = decode(rb)
+                    eb = engine.feed(pb, flows.assign(pb))
+                    snap = max((s for s in reader.info.snaplens if s > 0), default=MAX_SNAPLEN)
+                    n_sp, n_seg = _batch(w, rb, pb, eb, snap)
+                    frames_in += len(pb)
+                    frames_out += len(eb)
+                    supers += n_sp
+                    segs_out += n_seg
+            except CaptureError as e:
+                error = e
+            if w.linktype is None and not pcapng:  # an empty capture still gets a valid file
+                w.begin(np.ones(1, np.uint16), np.zeros(1, np.uint32), MAX_SNAPLEN)
+        tmp.replace(dest)
+    except BaseException as e:  # a usage error (mixed link types into pcap), a full disk, ^C: no stray .part file
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OutputError.from_os(str(dest), e) from None
+        raise
     summary = {"source": reader.info.name, "dest": str(dest), "format": "pcapng" if pcapng else "pcap",
                "frames_in": frames_in, "frames_out": frames_out, "super_packets": supers, "segments_out": segs_out,
                "partial": error is not None}
