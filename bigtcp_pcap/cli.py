@@ -143,13 +143,18 @@ def analyze(
                                  f"{flow_idle_timeout} and {flow_close_timeout}")
         except ValueError as e:
             raise UsageError(str(e)) from None
-        from .many_cli import wants_many
+        from .many_cli import check_many, wants_many
 
-        if captures and wants_many(captures, jobs, dask):  # several captures or --jobs/--dask: many_cli.py
+        if captures == ["-"] and (jobs > 1 or dask is not None):  # a stream cannot be cut or handed to a worker
+            err.print("stdin is read by this one process: --jobs/--dask ignored", highlight=False)
+        elif captures and wants_many(captures, jobs, dask):  # several captures or --jobs/--dask: many_cli.py
             from .many_cli import run as run_many
 
+            check_many(captures, plots=plots, report=report, wireshark_sidecar=wireshark_sidecar, filters=filters)
             raise typer.Exit(run_many(captures, outdir, jobs, dask, as_json, err, packets=packets, gro=cfg,
-                                      filters=filters, audit=not no_audit, sha256=sha256))
+                                      filters=filters, audit=not no_audit, sha256=sha256, plots=plots,
+                                      report=report, flow_idle_timeout_s=flow_idle_timeout,
+                                      flow_close_timeout_s=flow_close_timeout))
         with _stop_on_signals() as (check, signals), progress_bar(show, err) as cb:
             def on_batch(done: int, total: int | None) -> None:
                 check(done, total)

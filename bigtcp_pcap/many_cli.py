@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .errors import UsageError
+
 
 def wants_many(captures: list[str], jobs: int, dask: str | None) -> bool:
     """True when ``analyze`` must take the multi-capture path."""
@@ -23,6 +25,45 @@ def wants_many(captures: list[str], jobs: int, dask: str | None) -> bool:
     glob = any(c != "-" and any(x in c for x in "*?[") and not Path(c).exists() for c in captures)
     return len(captures) > 1 or jobs > 1 or dask is not None or glob or len(expand_paths(captures)) != 1 \
         or any(Path(c).is_dir() for c in captures)
+
+
+def single_capture(captures: list[str]) -> bool:
+    """One capture file (cut into parts with --jobs/--dask): the output is one capture's tables."""
+    return len(captures) == 1 and captures[0] != "-" and Path(captures[0]).is_file()
+
+
+# link types a filter expression is tried on before a multi-capture run: one it compiles for is audited where the
+# captures have it (a capture of another link type reports it as not audited), one it compiles for none of is a typo
+FILTER_CHECK_LINKTYPES = (1, 101, 113, 276)  # Ethernet, raw IP, Linux cooked v1 and v2
+
+
+def check_many(captures: list[str], *, plots: bool, report: bool, wireshark_sidecar: bool,
+               filters: list[str] | None = None) -> None:
+    """Refuse, before any work, what the multi-capture and parallel forms cannot do, and a ``--filter`` libpcap
+    compiles for no common link type (a UsageError, exit 2, once rather than once per capture)."""
+    from .audit.libpcap import CompiledFilter, FilterError, LibpcapMissing
+
+    for expr in filters or []:
+        errors = []
+        for lt in FILTER_CHECK_LINKTYPES:
+            try:
+                CompiledFilter(expr, lt)
+                break
+            except FilterError as e:
+                errors.append(e)
+            except LibpcapMissing:  # the run says so (and skips the audit) as the one-capture form does
+                return
+        else:
+            raise UsageError(f"bad filter expression {expr!r}: {errors[0].message}")
+    if "-" in captures:
+        raise UsageError("'-' (stdin) is read by one process: analyse it alone, without other captures")
+    if wireshark_sidecar:
+        raise UsageError("--wireshark-sidecar needs one capture analysed by one process (no --jobs/--dask, "
+                         "one CAPTURE): the sidecar is written with packets.parquet in one pass")
+    if (plots or report) and not single_capture(captures):
+        opts = " and ".join(o for o, on in (("--plots", plots), ("--report", report)) if on)
+        raise UsageError(f"{opts} need one capture's tables, not a dataset of several: run 'bigtcp-pcap analyze "
+                         f"CAPTURE --plots --report' per capture")
 
 
 def _client(address: str):
@@ -37,7 +78,7 @@ def _client(address: str):
 
 
 def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json: bool, err: Console,
-        **kw: Any) -> int:
+        plots: bool = False, report: bool = False, **kw: Any) -> int:
     """Run the multi-capture or parallel form; print the summary; the exit code (0, 1 findings, 3 failed)."""
     from .findings import BY_CODE, NOTE
     from .many import analyze_many, analyze_split, expand_paths
@@ -48,11 +89,19 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
         return 2
     client = _client(dask) if dask else None
     try:
-        single = len(files) == 1 and len(captures) == 1 and Path(captures[0]).is_file()
+        single = len(files) == 1 and single_capture(captures)
         if single:
             from .output.summary import render
 
             a = analyze_split(files[0], outdir, jobs=jobs, client=client, **kw)
+            if plots:
+                from .output.plots import plot_dir
+
+                a.summary["plots"] = [str(p) for p in plot_dir(outdir)]
+            if report:
+                from .output.report import write_report
+
+                a.summary["report"] = str(write_report(outdir))
             if as_json:
                 typer.echo(json.dumps(a.summary, default=str))
             else:
@@ -61,6 +110,8 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
                 why = a.params.get("serial_because")
                 how = f"run serially: {why}" if why else f"{a.params.get('parts', 1)} part(s)"
                 err.print(f"tables written to {outdir}/ ({how})", highlight=False)
+                for extra in a.summary.get("plots", []) + ([a.summary["report"]] if report else []):
+                    err.print(f"wrote {extra}", highlight=False)
             if a.error is not None:
                 err.print(f"bigtcp-pcap: {a.error.one_line()} (tables written, marked partial)", highlight=False)
                 return 3

@@ -183,6 +183,41 @@ def test_cli_directory_and_json(tmp_path):
     assert json.loads(res.stdout)["totals"] == doc["totals"]
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--report"], "--report need one capture's tables"),
+    (["--plots", "--report"], "--plots and --report need one capture's tables"),
+    (["--wireshark-sidecar"], "--wireshark-sidecar needs one capture analysed by one process"),
+    (["--filter", "tcp port"], "bad filter expression 'tcp port'"),
+    (["-"], "'-' (stdin) is read by one process"),
+])
+def test_many_refuses_what_it_cannot_do_before_any_work(args, says, tmp_path):
+    """Several captures: options the dataset form cannot honour, a filter libpcap compiles for no link type, and
+    stdin among files are one usage error (exit 2) before anything is written, not silently dropped."""
+    out = tmp_path / "ds"
+    extra = [a for a in args if a == "-"]
+    opts = [a for a in args if a != "-"]
+    res = CliRunner().invoke(app, ["analyze", str(DATASET[0]), str(DATASET[1]), *extra, "-o", str(out), *opts])
+    assert res.exit_code == 2, res.output
+    assert says in res.output
+    assert not out.exists()
+
+
+def test_jobs_on_one_capture_writes_plots_and_report_and_reads_stdin_serially(tmp_path):
+    """--jobs on one capture honours --plots/--report (as the serial run does); stdin with --jobs is read by one
+    process and gives the serial run's tables (it was once handed to a worker and lost)."""
+    cap = DATASET[2]
+    res = CliRunner().invoke(app, ["analyze", str(cap), "-o", str(tmp_path / "j"), "--jobs", "2", "--plots",
+                                   "--report"])
+    assert res.exit_code in (0, 1), res.output
+    assert (tmp_path / "j" / "report.html").stat().st_size > 0
+    assert sorted(p.name for p in (tmp_path / "j" / "plots").glob("*.png"))
+    res = CliRunner().invoke(app, ["analyze", "-", "-o", str(tmp_path / "s"), "--jobs", "2"],
+                             input=cap.read_bytes())
+    assert res.exit_code in (0, 1), res.output
+    analyze(cap, outdir=tmp_path / "ref")
+    assert_same_tables(tmp_path / "s", tmp_path / "ref")
+
+
 def test_split_merges_flows_across_cuts_from_the_parts_merge_rows(tmp_path, monkeypatch):
     """Parts write narrow merge rows instead of their packets tables; flows across the cuts are merged from
     those, in one pass (the parts are not run again)."""
