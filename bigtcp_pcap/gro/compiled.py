@@ -53,9 +53,10 @@ from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_PSH, TH_SYN, PacketB
 from . import reasons as R
 from . import rules
 from .config import GroConfig
-from .engine import GroEngine, _busy_times, _poll_marks, _receivers
+from .engine import GroEngine, _busy_times, _poll_marks, _receivers, cap_next
 from .prepare import FRAGMENT_OTHER, KIND_ALONE, KIND_OTHER, KIND_TCP, NO_GRO_STATUS, Prepared, flow_hash_of, prepare
 from .rules import (
+    ACK_NEXT_ROWS,
     BUSY_SLACK_NS,
     M32,
     MERGE,
@@ -331,7 +332,7 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
     (evidence.evidence_scan, 0: none), or empty; nxt: the next row of the same flow key (-1: none in this batch)."""
     (kind, ts, fm_a, fwm_a, l3w_a, pl_a, fl_a, seq_a, ack_a, opt_a, ipid_a, frame_a, fid_a, l2_a, hdr_a, thl_a,
      tmss_a, ver_a, sport_a, dport_a, iplen_a, wire_a, big_a) = I
-    n = kind.shape[0]
+    n = K[1]  # the rows to process; the rows after them are lookahead, read only as a flow's next segment
     tmo = C[C_TMO] > 0
     weight = C[C_WEIGHT]
     gap = C[C_GAP]
@@ -764,6 +765,7 @@ class CompiledGroEngine:
     def __init__(self, config: GroConfig | None = None) -> None:
         cfg = config if config is not None else GroConfig()
         self.config = cfg
+        self.next_window: int | None = ACK_NEXT_ROWS  # see ``engine.next_same``
         self._ref: GroEngine | None = None
         if cfg.hz > MAX_HZ or max(abs(cfg.jiffy_phase_ns), cfg.gro_flush_timeout_ns, cfg.napi_weight,
                                   cfg.napi_defer_hard_irqs, cfg.fallback_mtu) > MAX_PHASE:
@@ -815,7 +817,7 @@ class CompiledGroEngine:
         self._Q = np.zeros((0, NQF), np.int64)
         self._B = np.zeros((0, self._nb, 3), np.int64)
         self._ensure_queues(cfg.rx_queues)
-        self._K = np.zeros(1, np.int64)
+        self._K = np.zeros(2, np.int64)  # rows written, rows to process
         self._obuf = np.empty((len(_OUT_TYPES), 0), np.int64)
 
     @property
@@ -826,13 +828,13 @@ class CompiledGroEngine:
     # --- public API ---------------------------------------------------------------------------------------
     def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None,
              acked: np.ndarray | None = None, receiver: np.ndarray | None = None,
-             busy: np.ndarray | None = None) -> SuperPacketBatch:
+             busy: np.ndarray | None = None, upto: int | None = None) -> SuperPacketBatch:
         """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
 
-        ``poll_start``, ``acked``, ``receiver``, ``busy``: optional, one entry per packet (see
-        ``GroEngine.feed``)."""
+        ``poll_start``, ``acked``, ``receiver``, ``busy``, ``upto``: see ``GroEngine.feed``."""
         if self._ref is not None:
-            return self._ref.feed(batch, flow_id, poll_start, acked, receiver, busy)
+            self._ref.next_window = self.next_window
+            return self._ref.feed(batch, flow_id, poll_start, acked, receiver, busy, upto)
         flow_id = np.asarray(flow_id)
         if flow_id.shape != (len(batch),):
             raise ValueError(f"flow_id must have one entry per packet: shape {flow_id.shape}, {len(batch)} packets")
@@ -856,7 +858,8 @@ class CompiledGroEngine:
         gids = self._assign_gids(batch, prep, rx)
         O = self._out(n + self.held)
         self._K[0] = 0
-        nxt = next_same_compiled(gids) if len(ak) else _NO_NEXT
+        self._K[1] = n if upto is None else upto
+        nxt = cap_next(next_same_compiled(gids), self.next_window) if len(ak) else _NO_NEXT
         self._slots(n)
         _run(self._inputs(batch, prep, fid), gids, qrow, ps, ak, bz, nxt, self._S, self._H, self._FR, self._D, self._Q,
              self._B, self._C, O, self._K)

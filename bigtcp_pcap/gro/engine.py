@@ -117,6 +117,7 @@ class GroEngine:
     def __init__(self, config: GroConfig | None = None) -> None:
         cfg = config if config is not None else GroConfig()
         self.config = cfg
+        self.next_window: int | None = rules.ACK_NEXT_ROWS  # see ``next_same``
         self._lim4, self._lim6 = rules.r15_limits(cfg)
         self._gap_ns = float(cfg.poll_gap_us) * 1000.0
         self._pgap_ns = rules.r21_2_push_gap_ns(cfg)
@@ -156,7 +157,7 @@ class GroEngine:
     # --- public API ---------------------------------------------------------------------------------------
     def feed(self, batch: PacketBatch, flow_id: np.ndarray, poll_start: np.ndarray | None = None,
              acked: np.ndarray | None = None, receiver: np.ndarray | None = None,
-             busy: np.ndarray | None = None) -> SuperPacketBatch:
+             busy: np.ndarray | None = None, upto: int | None = None) -> SuperPacketBatch:
         """Process the next packets (capture order); return the rows completed meanwhile, in delivery order.
 
         ``poll_start`` (optional, one bool per packet): known NAPI poll boundaries, e.g. from the kernel's
@@ -172,7 +173,12 @@ class GroEngine:
 
         ``busy`` (optional, int64 ns per packet, ``evidence.AckEvidence``; 0 = none): an ACK sent at that time did
         not yet cover this segment; while a packet of the running poll has one later than the next packet's
-        arrival, an idle gap does not end the poll (rules.busy_poll_continues). Not used with ``poll_start``."""
+        arrival, an idle gap does not end the poll (rules.busy_poll_continues). Not used with ``poll_start``.
+
+        ``upto`` (optional): process only the first ``upto`` packets; the others are lookahead, the packets that
+        follow in the capture, read only as a flow's next segment by the ACK-evidence rule (which asks whether it
+        would merge), so that the rows do not depend on where batches end. They are fed again, as the next
+        packets, in a later call."""
         flow_id = np.asarray(flow_id)
         n = len(batch)
         if flow_id.shape != (n,):
@@ -184,7 +190,7 @@ class GroEngine:
         if n:
             prep = prepare(batch, flow_id, self.config)
             gids = self._assign_gids(batch, prep, rx)
-            self._run(batch, flow_id, prep, gids, marks, ak, rx, bz)
+            self._run(batch, flow_id, prep, gids, marks, ak, rx, bz, n if upto is None else upto)
         return self._take()
 
     def flush(self) -> SuperPacketBatch:
@@ -303,9 +309,9 @@ class GroEngine:
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _run(self, b: PacketBatch, flow_id: np.ndarray, p: Prepared, gids: list[int],
-             marks: np.ndarray | None, acked: np.ndarray | None, rx: np.ndarray, busy: np.ndarray | None) -> None:
+             marks: np.ndarray | None, acked: np.ndarray | None, rx: np.ndarray, busy: np.ndarray | None,
+             n: int) -> None:
         cfg = self.config
-        n = len(b)
         kind = p.kind.tolist()
         ts = b.ts_ns.tolist()
         qrow_arr = self._queue_rows(p, rx)
@@ -333,7 +339,7 @@ class GroEngine:
         qpush = self._qpush
         pgap = self._pgap_ns
         slack = rules.BUSY_SLACK_NS
-        nxt = next_same(np.asarray(gids)).tolist() if acked is not None else None
+        nxt = next_same(np.asarray(gids), self.next_window).tolist() if acked is not None else None
         qcause = self._qcause
         qws, qwn, rxu, rxf = self._qws, self._qwn, self._rxu, cfg.rx_frames
         nq = cfg.rx_queues
@@ -592,15 +598,26 @@ class GroEngine:
                 int(b.tcp_ack[i]), gsz, rx, R.PE_NONE)
 
 
-def next_same(gids: np.ndarray) -> np.ndarray:
-    """For each row, the next row with the same gid (-1 for the last one, and for rows with gid -1)."""
+def next_same(gids: np.ndarray, window: int | None = None) -> np.ndarray:
+    """For each row, the next row with the same gid (-1 for the last one, and for rows with gid -1).
+
+    ``window``: a next row more than this many rows later counts as none (``rules.ACK_NEXT_ROWS``: the engines
+    are given that many rows of lookahead past a batch, so the ACK-evidence rule's answer does not depend on where
+    batches end)."""
     gids = np.asarray(gids)
     out = np.full(len(gids), -1, np.int64)
     order = np.argsort(gids, kind="stable")
     g = gids[order]
     same = (g[1:] == g[:-1]) & (g[1:] >= 0)
     out[order[:-1][same]] = order[1:][same]
-    return out
+    return cap_next(out, window)
+
+
+def cap_next(nxt: np.ndarray, window: int | None) -> np.ndarray:
+    """``nxt`` (next row with the same gid, -1: none) with next rows more than ``window`` rows later set to -1."""
+    if window is not None and nxt.shape[0]:
+        nxt[(nxt >= 0) & (nxt - np.arange(nxt.shape[0]) > window)] = -1
+    return nxt
 
 
 def _receivers(receiver: np.ndarray | None, batch: PacketBatch) -> np.ndarray:

@@ -434,6 +434,10 @@ class AckEvidence:
         mv = self._MOVE[idx]
         return pb, extra, self._FLAG[idx].astype(np.bool_), RowEvidence(self._BUSY[idx], np.maximum(mv, -1), row0)
 
+    def held_batches(self, from_row: int, rows: int) -> list[tuple[PacketBatch, Any, int]]:
+        """(batch, extra, first stream row) of each held batch with rows in ``from_row`` to ``from_row + rows``."""
+        return [(pb, extra, r0) for pb, extra, r0 in self._held if r0 < from_row + rows and r0 + len(pb) > from_row]
+
     def pending_from_frame(self) -> int | None:
         """The frame number of the first row held (rows are in frame order), or None when none is held."""
         for pb, _, _ in self._held:

@@ -384,6 +384,13 @@ def acked_end_ends_poll(acked, still_held, next_would_merge):
     return acked and still_held and next_would_merge
 
 
+ACK_NEXT_ROWS = 4096
+"""How far on ``acked_end_ends_poll`` looks for the flow's next segment (rows of the capture, every direction and
+receiver: 64 NAPI budgets): one further on is taken as none (the rule then ends the poll). A bound, so that the
+engines can be given that many rows of lookahead past a batch (``feed(..., upto=)``) and the rows do not depend on
+where batches end; before it the look reached the end of the batch (the same rows on the kernel pairs and on the
+default reader's batches of a 20k-packet many-flows capture)."""
+
 BUSY_SLACK_NS = 10_000
 """How much later than the next packet an ACK that does not cover the running poll's segments must come to count
 as evidence that the poll was still running (10 us: the ACK's own way back to the capture point)."""

@@ -17,6 +17,11 @@ when two flows fill one ring: the last segment before a pause in sending enters 
 ``tests/fixtures/kernel/late/``) is fed to the engine after the segment it reached the receiver behind, possibly
 in a later batch: the receiver's ring order, which is what its NAPI polls took. Its own timestamp stays; the
 engine's poll clock does not go back for it.
+
+The ACK-evidence rule (``rules.acked_end_ends_poll``) asks whether the flow's next segment, at most
+``rules.ACK_NEXT_ROWS`` rows on, would merge into the super-packet an ACK ended. The engine is fed each batch with
+the rows after it as lookahead (``feed(..., upto=)``: read as next segments, processed with the next batch), so
+the answer, and the rows, do not depend on where the reader's batches end.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class GroStage:
         self._carry: list[tuple] = []  # late segments waiting for the batch that holds the row they go after,
         # each a one-row (key, PacketBatch, fid, rx, acked, busy) group (``_take``)
         self.late_segments = 0  # segments fed where the receiver got them (after later data), so far
+        self._ahead: tuple | None = None  # the rows after those being fed (``_lookahead``)
 
     @property
     def labels(self) -> list[str]:
@@ -61,7 +67,7 @@ class GroStage:
 
     def finish(self) -> SuperPacketBatch:
         """End of input: the held batches, then every held super-packet (end_of_capture)."""
-        parts = [self._run(self._evidence.finish())] if self._evidence is not None else []
+        parts = [self._run(self._evidence.finish(), final=True)] if self._evidence is not None else []
         if self._carry:  # cannot happen (a late segment goes after a row that follows it); fed rather than lost
             parts.append(self._feed_carried(np.inf))
         parts.append(self.engine.flush())
@@ -95,17 +101,52 @@ class GroStage:
         """The engine forgets the keys of flows that have ended (``CompiledGroEngine.recycle``)."""
         return self.engine.recycle(flow_in_memory)
 
-    def _run(self, ready: list) -> SuperPacketBatch:
+    def _run(self, ready: list, final: bool = False) -> SuperPacketBatch:
         """Feed the engine the batches the ACK evidence has flagged (oldest first), late segments in ring order."""
-        if not ready:
+        out = []
+        for k, (pb, (fid, rx), acked, ev) in enumerate(ready):
+            self._ahead = self._lookahead([(b, e) for b, e, _, _ in ready[k + 1:]], ev.row0 + len(pb), final)
+            out.append(self._feed(pb, fid, rx, acked, ev))
+        if not out:
             return SuperPacketBatch.empty(0)
-        out = [self._feed(pb, fid, rx, acked, ev) for pb, (fid, rx), acked, ev in ready]
         return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)
+
+    def _lookahead(self, later: list, row: int, final: bool) -> tuple | None:
+        """The ``engine.next_window`` rows after stream row ``row`` (from ``later``, the other ready batches as
+        (batch, (flow ids, receivers)), then those the evidence still holds) as (PacketBatch, flow ids,
+        receivers), or None: what the engine reads as a flow's next segment beyond the rows it is fed."""
+        want = self.engine.next_window
+        if not want:
+            return None
+        parts = list(later) if final else later + [(b, e) for b, e, _ in self._evidence.held_batches(row, want)]
+        got, take = 0, []
+        for b, (f, r) in parts:
+            m = min(len(b), want - got)
+            if m <= 0:
+                break
+            take.append((b.take(slice(0, m)), f[:m], None if r is None else r[:m]))
+            got += m
+        if not take:
+            return None
+        return (PacketBatch.concat([t[0] for t in take]), np.concatenate([t[1] for t in take]),
+                None if take[0][2] is None else np.concatenate([t[2] for t in take]))
+
+    def _engine_feed(self, b: PacketBatch, f: np.ndarray, a: np.ndarray, r: np.ndarray | None,
+                     z: np.ndarray) -> SuperPacketBatch:
+        """``engine.feed`` of these rows, with the lookahead rows after them (read, not processed)."""
+        la = self._ahead
+        if la is None or not len(b):
+            return self.engine.feed(b, f, acked=a, receiver=r, busy=z)
+        n, m = len(b), len(la[0])
+        return self.engine.feed(PacketBatch.concat([b, la[0]]), np.concatenate([f, la[1]]),
+                                acked=np.concatenate([a, np.zeros(m, a.dtype)]),
+                                receiver=None if r is None else np.concatenate([r, la[2]]),
+                                busy=np.concatenate([z, np.zeros(m, z.dtype)]), upto=n)
 
     def _feed(self, pb: PacketBatch, fid: np.ndarray, rx: np.ndarray | None, acked: np.ndarray, ev) -> SuperPacketBatch:
         moved = ev.move >= 0
         if not moved.any() and not self._carry:
-            return self.engine.feed(pb, fid, acked=acked, receiver=rx, busy=ev.busy)
+            return self._engine_feed(pb, fid, acked, rx, ev.busy)
         self.late_segments += int(np.count_nonzero(moved))
         r1 = ev.row0 + len(pb)
         key = np.arange(ev.row0, r1, dtype=np.float64)
@@ -123,7 +164,7 @@ class GroStage:
         b = PacketBatch.concat([c[1] for c in parts]).take(order)
         f, a, z = (np.concatenate([c[j] for c in parts])[order] for j in (2, 4, 5))
         r = None if parts[0][3] is None else np.concatenate([c[3] for c in parts])[order]
-        return self.engine.feed(b, f, acked=a, receiver=r, busy=z)
+        return self._engine_feed(b, f, a, r, z)
 
 
 def _take(rows: tuple, idx: np.ndarray) -> tuple:
