@@ -133,15 +133,22 @@ class GroStage:
 
     def _engine_feed(self, b: PacketBatch, f: np.ndarray, a: np.ndarray, r: np.ndarray | None,
                      z: np.ndarray) -> SuperPacketBatch:
-        """``engine.feed`` of these rows, with the lookahead rows after them (read, not processed)."""
-        la = self._ahead
-        if la is None or not len(b):
+        """``engine.feed`` of these rows, with the lookahead rows after them (read, not processed) when an ACKed
+        row is within ``engine.next_window`` of the end. The rows up to that distance from the end go first, with
+        the last ones as their lookahead (no copy), then the last ones with the lookahead rows (a short copy)."""
+        la, w, n = self._ahead, self.engine.next_window or 0, len(b)
+        if la is None or not n or not a[max(0, n - w):].any():
             return self.engine.feed(b, f, acked=a, receiver=r, busy=z)
-        n, m = len(b), len(la[0])
-        return self.engine.feed(PacketBatch.concat([b, la[0]]), np.concatenate([f, la[1]]),
-                                acked=np.concatenate([a, np.zeros(m, a.dtype)]),
-                                receiver=None if r is None else np.concatenate([r, la[2]]),
-                                busy=np.concatenate([z, np.zeros(m, z.dtype)]), upto=n)
+        out = []
+        cut = max(0, n - w)
+        if cut:
+            out.append(self.engine.feed(b, f, acked=a, receiver=r, busy=z, upto=cut))
+        m = len(la[0])
+        out.append(self.engine.feed(PacketBatch.concat([b.take(slice(cut, n)), la[0]]), np.concatenate([f[cut:], la[1]]),
+                                    acked=np.concatenate([a[cut:], np.zeros(m, a.dtype)]),
+                                    receiver=None if r is None else np.concatenate([r[cut:], la[2]]),
+                                    busy=np.concatenate([z[cut:], np.zeros(m, z.dtype)]), upto=n - cut))
+        return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)
 
     def _feed(self, pb: PacketBatch, fid: np.ndarray, rx: np.ndarray | None, acked: np.ndarray, ev) -> SuperPacketBatch:
         moved = ev.move >= 0
