@@ -543,11 +543,12 @@ class _Stats:
 
     def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, cfg: GroConfig,
                 receivers: list[str], late_segments: int = 0) -> dict:
-        dur = ((info.last_ts_ns or 0) - (info.first_ts_ns or 0)) / 1e9
+        dur = ((info.max_ts_ns or 0) - (info.min_ts_ns or 0)) / 1e9  # the span, as capinfos' duration
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
                         "size": info.size, "packets": info.packets, "bytes_on_wire": self.bytes,
-                        "duration_s": round(dur, 6), "linktypes": sorted(info.linktypes),
+                        "duration_s": round(dur, 6), "start_ns": info.min_ts_ns, "end_ns": info.max_ts_ns,
+                        "linktypes": sorted(info.linktypes),
                         "snaplen": sorted(info.snaplens), "partial": error is not None,
                         "error": error.one_line() if error else None,
                         "linktypes_not_decoded": info.notes.by_value(F.UNKNOWN_LINKTYPE)},

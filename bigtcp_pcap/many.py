@@ -276,7 +276,6 @@ def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], re
             shutil.rmtree(r["outdir"], ignore_errors=True)
         return dict(run_task({"path": path, "name": name, "part": None, "outdir": str(out), "kw": kw}),
                     serial_because=str(e))
-    summary["capture"]["duration_s"] = round((parts[-1].ts_last_ns - parts[0].ts_first_ns) / 1e9, 6)
     for r in results:
         shutil.rmtree(r["outdir"], ignore_errors=True)
     from .output.parquet import column_max

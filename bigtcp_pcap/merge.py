@@ -448,6 +448,14 @@ def _top_keys() -> tuple[str, ...]:
     return _TOP_KEYS
 
 
+def _span(caps: list[dict]) -> dict:
+    """The whole capture's earliest and latest timestamps and their distance, from its parts'."""
+    starts = [c["start_ns"] for c in caps if c.get("start_ns") is not None]
+    ends = [c["end_ns"] for c in caps if c.get("end_ns") is not None]
+    start, end = (min(starts), max(ends)) if starts else (None, None)
+    return {"start_ns": start, "end_ns": end, "duration_s": round(((end or 0) - (start or 0)) / 1e9, 6)}
+
+
 def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], parts: list[Part],
                    audit: list[dict], diag: dict) -> dict:
     s0 = ss[0]
@@ -455,7 +463,7 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     cap.update(name=parts[0].path, size=Path(parts[0].path).stat().st_size,
                packets=sum(s["capture"]["packets"] for s in ss),
                bytes_on_wire=sum(s["capture"]["bytes_on_wire"] for s in ss),
-               duration_s=round(sum(s["capture"]["duration_s"] for s in ss), 6))  # refined by the caller
+               **_span([s["capture"] for s in ss]))
     findings: Counter = Counter()
     for s in ss:
         findings.update({k: v for k, v in s["findings"].items() if k != SUSPECT.code})

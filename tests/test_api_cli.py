@@ -285,3 +285,28 @@ def test_summary_gives_the_share_of_every_poll_end_the_rows_have(tmp_path):
     assert f"{counts.sum()} super-packets ended at a NAPI poll end" in text
     assert counts["coalescing"] > 0
     assert f"{100 * counts['coalescing'] / counts.sum():.0f} % the NIC's interrupt coalescing" in text
+
+
+def test_duration_is_the_span_of_the_timestamps_as_capinfos_says(tmp_path):
+    """Records need not be in time order (several pcapng sections one after another, mergecap -a, a clock step):
+    the capture's duration is latest minus earliest timestamp, as capinfos reports it, also for a split run."""
+    import re
+    import subprocess
+
+    from bigtcp_pcap.many import analyze_split
+
+    parts = []
+    for name, src in (("m", KERNEL / "mixed_185000.rcv.pcap"), ("s", KERNEL / "linktypes" / "sll2_v6_185000.rcv.pcap")):
+        out = tmp_path / f"{name}.pcapng"
+        subprocess.run(["editcap", "-F", "pcapng", str(src), str(out)], check=True, capture_output=True)
+        parts.append(out.read_bytes())
+    cap = tmp_path / "sections.pcapng"
+    cap.write_bytes(parts[0] + parts[1] + parts[0])  # the second section is years earlier than the first
+    info = subprocess.run(["capinfos", "-u", str(cap)], check=True, capture_output=True, text=True).stdout
+    want = float(re.search(r"Capture duration:\s+([0-9.]+) seconds", info).group(1))
+    s = analyze(cap, outdir=tmp_path / "o").summary["capture"]
+    assert s["duration_s"] == pytest.approx(want, abs=1e-6)
+    assert s["duration_s"] > 1000
+    assert s["end_ns"] - s["start_ns"] == round(want * 1e9)
+    split = analyze_split(cap, tmp_path / "j", jobs=2).summary["capture"]
+    assert (split["duration_s"], split["start_ns"], split["end_ns"]) == (s["duration_s"], s["start_ns"], s["end_ns"])

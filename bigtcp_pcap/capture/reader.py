@@ -89,6 +89,8 @@ class CaptureInfo:
     packets: int = 0
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
+    min_ts_ns: int | None = None  # the earliest and latest timestamps (records need not be in time order:
+    max_ts_ns: int | None = None  # mergecap -a, several pcapng sections, a clock step)
     sha256: str | None = None  # of the file as stored, when the reader was asked for it
     error: CaptureError | None = None
     notes: CaptureNotes = field(default_factory=CaptureNotes)  # counted capture-level findings
@@ -205,7 +207,10 @@ class CaptureReader:
         if known.shape[0]:
             if self.info.first_ts_ns is None:
                 self.info.first_ts_ns = int(known[0])
+                self.info.min_ts_ns, self.info.max_ts_ns = int(known[0]), int(known[0])
             self.info.last_ts_ns = int(known[-1])
+            self.info.min_ts_ns = min(self.info.min_ts_ns, int(known.min()))
+            self.info.max_ts_ns = max(self.info.max_ts_ns, int(known.max()))
         return batch
 
     def _note(self, b: RecordBatch, snaplen: int | np.ndarray) -> None:
