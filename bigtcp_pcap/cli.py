@@ -198,7 +198,7 @@ def analyze(
 @app.command()
 def dissect(
     capture: Annotated[str, typer.Argument(help="pcap/pcapng file, '-' for stdin")],
-    count: Annotated[int | None, typer.Option("-c", "--count", help="stop after N packets")] = None,
+    count: Annotated[int | None, typer.Option("-c", "--count", min=1, help="stop after N packets")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per packet")] = False,
     expr: Annotated[str | None, typer.Option("-f", "--filter", help="pcap filter expression, judged on the true "
                                              "lengths (BIG TCP frames included)")] = None,

@@ -65,7 +65,7 @@ _CODES = [
     Code(66, "output.write_failed", ERROR, "the output failed ({value}): the tables hold the frames read before it"),
     Code(67, "capture.ts_out_of_range", WARN, "timestamps of interface {value} do not fit int64 nanoseconds since "
          "1970 (years 1677-2262): left null in packets.parquet"),
-    Code(68, "capture.empty", NOTE, "the capture file is empty ({value} bytes): no packets to analyse (tshark "
+    Code(68, "capture.empty", NOTE, "the capture holds no packets ({value} bytes): nothing to analyse (tshark "
          "reads it as a capture of none)"),
     Code(61, "capture.tcp_port_filter_suspected", WARN, "IPv6 TCP flows show {value} bytes of sequence gaps and no "
          "Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP"),

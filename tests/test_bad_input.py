@@ -169,6 +169,9 @@ def test_malformed_headers_are_findings(tmp_path, hdr, code):
 def test_usage_error_exit_2(tmp_path):
     res = _run("analyze", SND, "-o", tmp_path / "out", "--gro-max-size", "999999")
     assert res.exit_code == 2 and "gro_max_size" in res.stderr
+    for n in ("0", "-1"):  # tcpdump -c refuses both; printing nothing and exit 0 hid the typo
+        res = _run("dissect", SND, "-c", n)
+        assert res.exit_code == 2 and "--count" in res.stderr and not res.stdout
 
 
 def test_frames_not_decoded_to_l4_are_counted(tmp_path):

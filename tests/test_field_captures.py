@@ -215,3 +215,10 @@ def test_an_empty_file_is_a_capture_of_no_packets(tmp_path):
     res = subprocess.run([sys.executable, "-m", "bigtcp_pcap.cli", "analyze", str(cap), "-o", str(tmp_path / "o"),
                           "--no-progress"], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
+    header_only = tmp_path / "header.pcap"  # a pcap header and no records: the same, with its size
+    header_only.write_bytes((KERNEL / "mixed_185000.rcv.pcap").read_bytes()[:24])
+    assert tshark_fields(header_only, ["frame.number"]) == []
+    a = bigtcp_pcap.analyze(header_only, audit=False)
+    assert not a.partial and a.info.packets == 0
+    (row,) = _findings(a)["capture.empty"]
+    assert "(24 bytes)" in row["message"]

@@ -175,6 +175,8 @@ class CaptureReader:
             self.info.error = e
             raise
         else:
+            if self.info.packets == 0 and self.info.format != "empty":  # a header and no records: the same note
+                self.info.notes.count(F.CAPTURE_EMPTY, self._base + self._buf.shape[0], np.zeros(1, np.int64))
             self.src.drain()  # read to the end: the SHA-256 covers the whole file
             self.info.sha256 = self.src.sha256_hex()
         finally:  # also when the caller stops early (an interrupt closes the generator): no hash, no drain
