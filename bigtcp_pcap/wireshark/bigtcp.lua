@@ -108,7 +108,7 @@ local FINDINGS = {
     { "capture.tpacket_v2_clamp", "warn", "Ethernet frames with caplen {value} < wire length: libpcap's TPACKET_V2 ring cut them (tcpdump --immediate-mode with offloads on sizes ring frames for MAX(MTU, 65535) + 18); their payload past the cut is missing, the lengths come from the wire length" },
     { "output.write_failed", "error", "the output failed ({value}): the tables hold the frames read before it" },
     { "capture.ts_out_of_range", "warn", "timestamps of interface {value} do not fit int64 nanoseconds since 1970 (years 1677-2262): left null in packets.parquet" },
-    { "capture.empty", "note", "the capture file is empty ({value} bytes): no packets to analyse (tshark reads it as a capture of none)" },
+    { "capture.empty", "note", "the capture holds no packets ({value} bytes): nothing to analyse (tshark reads it as a capture of none)" },
     -- END FINDINGS
 }
 local SEVERITY = { error = expert.severity.ERROR, warn = expert.severity.WARN, note = expert.severity.NOTE }
