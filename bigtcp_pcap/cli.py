@@ -166,14 +166,9 @@ def analyze(
                          flow_idle_timeout_s=flow_idle_timeout, flow_close_timeout_s=flow_close_timeout)
     except BigtcpError as e:  # usage (2), capture unreadable from the start (3), output (4), interrupted (130/143)
         raise _fail(_error_line(e, outdir), e.exit_code) from None
-    if plots:
-        from .output.plots import plot_dir
+    from .output.report import write_extras
 
-        result.summary["plots"] = [str(p) for p in plot_dir(outdir)]
-    if report:
-        from .output.report import write_report
-
-        result.summary["report"] = str(write_report(outdir))
+    extras = write_extras(result.summary, outdir, plots=plots, report=report)
     if as_json:
         typer.echo(json.dumps(result.summary, default=str))
     else:
@@ -181,7 +176,6 @@ def analyze(
         render(result.summary, out if out.is_terminal else Console(width=160))
         if result.error is None:  # an error run says where the tables are in its one error line
             err.print(f"tables written to {outdir}/", highlight=False)
-        extras = result.summary.get("plots", []) + ([result.summary["report"]] if report else [])
         for extra in extras + ([str(result.sidecar)] if result.sidecar else []):
             err.print(f"wrote {extra}", highlight=False)
     if result.error is not None:

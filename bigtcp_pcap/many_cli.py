@@ -91,17 +91,11 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
     try:
         single = len(files) == 1 and single_capture(captures)
         if single:
+            from .output.report import write_extras
             from .output.summary import render
 
             a = analyze_split(files[0], outdir, jobs=jobs, client=client, **kw)
-            if plots:
-                from .output.plots import plot_dir
-
-                a.summary["plots"] = [str(p) for p in plot_dir(outdir)]
-            if report:
-                from .output.report import write_report
-
-                a.summary["report"] = str(write_report(outdir))
+            extras = write_extras(a.summary, outdir, plots=plots, report=report)
             if as_json:
                 typer.echo(json.dumps(a.summary, default=str))
             else:
@@ -110,7 +104,7 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
                 why = a.params.get("serial_because")
                 how = f"run serially: {why}" if why else f"{a.params.get('parts', 1)} part(s)"
                 err.print(f"tables written to {outdir}/ ({how})", highlight=False)
-                for extra in a.summary.get("plots", []) + ([a.summary["report"]] if report else []):
+                for extra in extras:
                     err.print(f"wrote {extra}", highlight=False)
             if a.error is not None:
                 err.print(f"bigtcp-pcap: {a.error.one_line()} (tables written, marked partial)", highlight=False)

@@ -207,12 +207,12 @@ class CaptureReader:
         self._note(batch, snaplen)
         known = batch.ts_ns[batch.ts_ns != TS_UNKNOWN]
         if known.shape[0]:
+            lo, hi = int(known.min()), int(known.max())
             if self.info.first_ts_ns is None:
-                self.info.first_ts_ns = int(known[0])
-                self.info.min_ts_ns, self.info.max_ts_ns = int(known[0]), int(known[0])
+                self.info.first_ts_ns, self.info.min_ts_ns, self.info.max_ts_ns = int(known[0]), lo, hi
             self.info.last_ts_ns = int(known[-1])
-            self.info.min_ts_ns = min(self.info.min_ts_ns, int(known.min()))
-            self.info.max_ts_ns = max(self.info.max_ts_ns, int(known.max()))
+            self.info.min_ts_ns = min(self.info.min_ts_ns, lo)
+            self.info.max_ts_ns = max(self.info.max_ts_ns, hi)
         return batch
 
     def _note(self, b: RecordBatch, snaplen: int | np.ndarray) -> None:

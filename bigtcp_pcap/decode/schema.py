@@ -203,12 +203,6 @@ class RowsView:
         setattr(self, name, col)
         return col
 
-    def take(self, idx: np.ndarray) -> RowsView:
-        return RowsView(self._batch, self._idx[idx])
-
-    def columns(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in COLUMN_TYPES}
-
 
 PacketBatch = make_dataclass(
     "PacketBatch", [(c.name, np.ndarray) for c in BATCH_COLUMNS], bases=(_Batch,),

@@ -50,7 +50,7 @@ class GroStage:
         self._carry: list[tuple] = []  # late segments waiting for the batch that holds the row they go after,
         # each a one-row (key, PacketBatch, fid, rx, acked, busy) group (``_take``)
         self.late_segments = 0  # segments fed where the receiver got them (after later data), so far
-        self._ahead: tuple | None = None  # the rows after those being fed (``_lookahead``)
+        self._ahead: tuple | None = None  # where the rows after those being fed are (``_lookahead``'s arguments)
 
     @property
     def labels(self) -> list[str]:
@@ -105,8 +105,9 @@ class GroStage:
         """Feed the engine the batches the ACK evidence has flagged (oldest first), late segments in ring order."""
         out = []
         for k, (pb, (fid, rx), acked, ev) in enumerate(ready):
-            self._ahead = self._lookahead([(b, e) for b, e, _, _ in ready[k + 1:]], ev.row0 + len(pb), final)
+            self._ahead = ([(b, e) for b, e, _, _ in ready[k + 1:]], ev.row0 + len(pb), final)
             out.append(self._feed(pb, fid, rx, acked, ev))
+        self._ahead = None  # (no reference kept to the batches after the last)
         if not out:
             return SuperPacketBatch.empty(0)
         return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)
@@ -136,8 +137,9 @@ class GroStage:
         """``engine.feed`` of these rows, with the lookahead rows after them (read, not processed) when an ACKed
         row is within ``engine.next_window`` of the end. The rows up to that distance from the end go first, with
         the last ones as their lookahead (no copy), then the last ones with the lookahead rows (a short copy)."""
-        la, w, n = self._ahead, self.engine.next_window or 0, len(b)
-        if la is None or not n or not a[max(0, n - w):].any():
+        w, n = self.engine.next_window or 0, len(b)
+        la = self._lookahead(*self._ahead) if self._ahead is not None and n and a[max(0, n - w):].any() else None
+        if la is None:
             return self.engine.feed(b, f, acked=a, receiver=r, busy=z)
         out = []
         cut = max(0, n - w)

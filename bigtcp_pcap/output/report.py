@@ -205,6 +205,18 @@ def write_summary(path: str | Path, summary: dict[str, Any]) -> Path:
     return path
 
 
+def write_extras(summary: dict, outdir: str | Path, *, plots: bool, report: bool) -> list[str]:
+    """``analyze --plots --report`` after the tables: the PNGs, then the report (which shows them). Their paths go
+    into ``summary`` ("plots", "report") and are returned, in that order."""
+    if plots:
+        from .plots import plot_dir
+
+        summary["plots"] = [str(p) for p in plot_dir(outdir)]
+    if report:
+        summary["report"] = str(write_report(outdir))
+    return summary.get("plots", []) + ([summary["report"]] if report else [])
+
+
 def write_report(outdir: str | Path, dest: str | Path | None = None) -> Path:
     """Write ``OUTDIR/report.html`` (or ``dest``) for an analyze output directory; returns its path.
 
