@@ -270,7 +270,12 @@ class Experiment:
                 self.info["capture"][f"tcpdump_{dev}"] = c = self.stop_tcpdump(p, errpath)
                 if c["dropped_by_kernel"] != 0 or c["captured"] != c["received_by_filter"]:
                     raise CaptureError(f"tcpdump on {dev} lost packets: {c}")
-            self.info["observed"] = {dev: summarize(raw[dev]) for dev in raw}
+            self.info["observed"] = obs = {dev: summarize(raw[dev]) for dev in raw}
+            sent = self.info["iperf3"]["sender_bytes"] or self.nbytes
+            short = {dev: o["payload_bytes"] for dev, o in obs.items() if o["payload_bytes"] < sent}
+            if short:  # the server got every byte, so each device carried them: a capture missed frames
+                raise CaptureError(f"incomplete capture: iperf3 sent {sent} payload bytes, the captures hold {short} "
+                                   f"(tcpdump counters {self.info['capture']})")
             for dev, path in raw.items():
                 with open(path, "rb") as fi, lzma.open(self.outdir / f"{name}.{dev}.pcap.xz", "wb",
                                                        preset=9 | lzma.PRESET_EXTREME) as fo:

@@ -29,9 +29,13 @@ def _why_not() -> str | None:
 
 @pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
 def test_script_run_replays_exactly(tmp_path, monkeypatch):
-    cp = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_egress_captures.py"), "--outdir", str(tmp_path),
-                         "--scenario", "v6_gso65536", "--bytes", "400000"], capture_output=True, text=True,
-                        timeout=180, check=False)
+    cmd = [sys.executable, str(ROOT / "scripts" / "make_egress_captures.py"), "--outdir", str(tmp_path),
+           "--scenario", "v6_gso65536", "--bytes", "400000"]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    if cp.returncode != 0 and "incomplete capture" in cp.stderr:
+        # the script checks its captures against iperf3's byte count; one CI run (of many) had b1's capture
+        # without the data connection, a capture-side miss the script now reports: one more run, which must pass
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
     assert cp.returncode == 0, cp.stderr[-2000:]
     info = json.loads((tmp_path / "v6_gso65536.json").read_text())
     assert "error" not in info and info["interfaces"]["b1"]["rtnetlink_sizes"]["gso_max_size"] == 65536
