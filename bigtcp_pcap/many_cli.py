@@ -103,12 +103,14 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
                 render(a.summary, out if out.is_terminal else Console(width=160))
                 why = a.params.get("serial_because")
                 how = f"run serially: {why}" if why else f"{a.params.get('parts', 1)} part(s)"
-                err.print(f"tables written to {outdir}/ ({how})", highlight=False)
+                if a.error is None:  # an error run says where the tables are in its one error line
+                    err.print(f"tables written to {outdir}/ ({how})", highlight=False)
                 for extra in extras:
                     err.print(f"wrote {extra}", highlight=False)
             if a.error is not None:
-                err.print(f"bigtcp-pcap: {a.error.one_line()} (tables written, marked partial)", highlight=False)
-                return 3
+                err.print(f"bigtcp-pcap: {a.error.one_line()} (tables written to {outdir}/, marked partial)",
+                          highlight=False, markup=False)
+                return a.error.exit_code
             bad = any(BY_CODE[c].severity != NOTE for c in a.summary["findings"] if c in BY_CODE)
             return 1 if bad else 0
         m = analyze_many(files, outdir, jobs=jobs, client=client, **kw)

@@ -221,14 +221,15 @@ def test_usage_error_leaves_the_earlier_tables_alone(tmp_path):
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_error_run_prints_one_stderr_line(tmp_path):
+@pytest.mark.parametrize("jobs", [[], ["--jobs", "2"]])
+def test_error_run_prints_one_stderr_line(tmp_path, jobs):
     raw = SND.read_bytes()
     bad = tmp_path / "cut.pcap"
     bad.write_bytes(raw[:len(raw) // 2])
-    res = cli("analyze", bad, "-o", tmp_path / "out", "--no-progress")
+    res = cli("analyze", bad, "-o", tmp_path / "out", "--no-progress", *jobs)
     assert res.returncode == 3
-    (line,) = error_lines(res)
-    assert f"tables written to {tmp_path / 'out'}/, marked partial" in line
+    (line,) = error_lines(res)  # --jobs printed "tables written to ..." before the error line
+    assert f"tables written to {tmp_path / 'out'}/, marked partial" in line and "byte offset" in line
 
 
 # --- interrupts ---------------------------------------------------------------------------------------------------
