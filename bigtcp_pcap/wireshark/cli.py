@@ -37,7 +37,7 @@ def install(
         target = install_plugin(dest)
     except OSError as e:  # an unwritable or impossible destination is an output error (exit 4)
         fault = OutputError.from_os(str(dest or personal_plugin_dir()), e)
-        _err(f"error: {fault.one_line()}")
+        _err(f"bigtcp-pcap: {fault.one_line()}")
         raise typer.Exit(fault.exit_code) from None
     typer.echo(f"installed {plugin_path().name} -> {target}")
     if dest is None:
@@ -66,30 +66,31 @@ def open_(
         if cand.is_file():
             sidecar = cand
     elif not sidecar.is_file():
-        _err(f"error: sidecar {sidecar} does not exist")
+        _err(f"bigtcp-pcap: wireshark open: sidecar {sidecar} does not exist")
         raise typer.Exit(2)
     if sidecar is not None:
         try:
             problems = check_sidecar(sidecar, capture)
         except (ValueError, OSError) as e:
             problems = [str(e)]
-        if problems:
-            for p in problems:
-                _err(("warning: " if force else "error: ") + p)
+        if problems:  # one line either way
+            why = "; ".join(problems)
             if not force:
-                _err("error: the sidecar does not belong to this capture (use --force to wire it anyway)")
+                _err(f"bigtcp-pcap: wireshark open: {sidecar} does not belong to {capture} ({why}); use --force "
+                     "to wire it anyway")
                 raise typer.Exit(2)
+            _err(f"bigtcp-pcap: warning: {sidecar} does not belong to {capture} ({why}); wired anyway (--force)")
     program = "wireshark" if gui else "tshark"
     inst = installed_plugin()
     if inst is not None and not plugin_is_current(inst):
-        _err(f"warning: {inst} differs from this version's plugin and Wireshark loads it first; "
+        _err(f"bigtcp-pcap: warning: {inst} differs from this version's plugin and Wireshark loads it first; "
              "run 'bigtcp-pcap wireshark install' to update it")
     cmd = tshark_command(capture, sidecar, program=program, extra=list(extra or []))
     if not run:
         typer.echo(shlex.join(cmd))
         return
     if find_tshark(program) is None:
-        _err(f"error: {program} not found on PATH (Debian/Ubuntu: apt-get install {program})")
+        _err(f"bigtcp-pcap: wireshark open: {program} not found on PATH (Debian/Ubuntu: apt-get install {program})")
         raise typer.Exit(127)
     sys.stdout.flush()
     rc = subprocess.call(cmd, env=os.environ.copy())
