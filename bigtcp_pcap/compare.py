@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .capture.reader import CaptureReader
+from .capture.source import Source
 from .decode import PacketBatch, decode
 from .errors import OutputError, UsageError, make_outdir
 from .gro import GroConfig, SuperPacketBatch
@@ -302,6 +303,8 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
     if gro is not None and gro_params:
         raise TypeError(f"compare() got both gro= and GRO keywords ({', '.join(sorted(gro_params))})")
     cfg = gro if gro is not None else GroConfig(**gro_params)
+    if str(sender) != "-":  # the receiver is read first (it names the receiving host): a sender that cannot be
+        Source(sender).close()  # opened is still reported first, as the arguments come
     rcv = _load(receiver)
     mac, addrs, host = _receiving_host(rcv)
     rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))

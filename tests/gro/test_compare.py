@@ -115,3 +115,7 @@ def test_cli_json_parquet_and_exit_codes(tmp_path):
     assert bad.exit_code == 2 and "--napi-weight" in bad.output
     missing = CliRunner().invoke(app, ["compare", snd, str(tmp_path / "none.pcap")])
     assert missing.exit_code == 3
+    empty = tmp_path / "empty.pcap"  # a pcap header without records: no receiver super-packets
+    empty.write_bytes(bytes.fromhex("d4c3b2a1020004000000000000000000ffff000001000000"))
+    both = CliRunner().invoke(app, ["compare", str(tmp_path / "none.pcap"), str(empty)])
+    assert both.exit_code == 3 and "none.pcap: cannot open" in both.output  # the sender's fault first
