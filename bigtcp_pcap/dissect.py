@@ -223,11 +223,11 @@ class _Selector:
         fa = self.audit
         b = prepare_batch(rb, pb, candidates_only=False, l4_index=fa.l4_index)
         truth = np.zeros(len(pb), bool)
-        for lt in b.linktypes:
-            sel = np.flatnonzero(b.lts == lt)
-            nmask = b.lts[b.norm_idx] == lt
+        for key in b.key_list:  # (link type, byte order) compile keys, as the audit's own pass takes them
+            sel = np.flatnonzero(b.keys == key)
+            nmask = b.keys[b.norm_idx] == key
             # the audit's truth program: the expression itself, or its IPv6-extended form for tcp[]/udp[]
-            cf = fa._truth_filter(lt) if fa.l4_index else fa.filters.for_linktype(lt)
+            cf = fa._truth_filter(key) if fa.l4_index else fa.filters.for_key(key)
             truth[sel] = cf.match_batch(b.buf, b.off[sel], b.cap[sel], b.wire[sel])
             truth[b.norm_idx[nmask]] = cf.match_batch(b.nbuf, b.n_off[nmask], b.n_cap[nmask], b.n_wire[nmask])
         return truth
