@@ -148,7 +148,8 @@ def render(s: dict, out: Console) -> None:
 
 def explode_cmd(
     capture: Annotated[str, typer.Argument(metavar="IN", help="a capture with super-packets (TX GSO or RX GRO)")],
-    dest: Annotated[Path, typer.Argument(metavar="OUT", help="output capture; .pcapng gives pcapng, else pcap")],
+    dest: Annotated[Path, typer.Argument(metavar="OUT", help="output capture (- for stdout); .pcapng gives "
+                                         "pcapng, else pcap")],
     mss: Annotated[int | None, typer.Option(help="segment size for every flow (default: SYN MSS option minus "
                                             "the option bytes, else from --mtu)")] = None,
     mtu: Annotated[int, typer.Option(help="MTU used for the segment size of flows without a SYN")] = 1500,
@@ -169,13 +170,15 @@ def explode_cmd(
         raise _fail(str(e), EXIT_USAGE) from None
     except CaptureError as e:
         raise _fail(e.one_line(), EXIT_CAPTURE) from None
+    to_stdout = str(dest) == "-"  # the capture goes to stdout: the counts go to stderr
     if as_json:
-        typer.echo(json.dumps(res.summary))
+        typer.echo(json.dumps(res.summary), err=to_stdout)
     else:
         s = res.summary
-        Console(highlight=False).print(
+        Console(highlight=False, stderr=to_stdout).print(
             f"{s['frames_in']} frames in, {s['super_packets']} super-packets exploded into {s['segments_out']} "
-            f"packets; {s['frames_out']} frames written to {dest} ({s['format']})", markup=False, soft_wrap=True)
+            f"packets; {s['frames_out']} frames written to {'stdout' if to_stdout else dest} ({s['format']})",
+            markup=False, soft_wrap=True)
     if res.error is not None:
         raise _fail(res.error.one_line() + " (frames before it written)", EXIT_CAPTURE)
 

@@ -19,8 +19,10 @@ per-record work is numpy gathers and scatters over the whole batch; no per-packe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,10 +31,11 @@ import numpy as np
 
 from ..capture.reader import CaptureReader
 from ..decode import decode
+from ..decode.schema import BIGTCP_HBH_JUMBO
 from ..errors import CaptureError, OutputError
 from ..flows.table import FlowTable
 from .config import EgressProfile, ProfileError
-from .engine import ACTION_SEGMENTED, EgressEngine
+from .engine import ACTION_SEGMENTED, EgressBatch, EgressEngine
 
 STEP_NS = 1000  # at most 1 us between the segments of one super-packet
 MAX_SNAPLEN = 262144
@@ -56,7 +59,7 @@ class _Writer:
         self.f, self.pcapng = f, pcapng
         self.linktype: int | None = None
         self.snaplen = MAX_SNAPLEN
-        self.ifaces: dict[int, int] = {}  # input if_id -> output interface id (pcapng)
+        self.ifaces: dict[tuple[int, int], int] = {}  # (input if_id, linktype) -> output interface id (pcapng)
         if pcapng:
             body = struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1)
             self._block(0x0A0D0D0A, body)
@@ -78,15 +81,16 @@ class _Writer:
                 raise ProfileError(f"the capture mixes link types {sorted(lts | {self.linktype})}: a pcap file "
                                    "holds one; write .pcapng instead")
             return
-        for i in np.unique(if_id).tolist():
-            if i not in self.ifaces:
-                lt = int(linktype[np.flatnonzero(if_id == i)[0]])
-                self.ifaces[i] = len(self.ifaces)
+        # interfaces by (id, link type): ids restart at 0 in each section of a multi-section pcapng
+        for i, lt in sorted(set(zip(if_id.tolist(), linktype.tolist()))):
+            if (i, lt) not in self.ifaces:
+                self.ifaces[i, lt] = len(self.ifaces)
                 opts = struct.pack("<HHB", 9, 1, 9) + b"\0" * 3 + struct.pack("<HH", 0, 0)  # if_tsresol 1e-9
                 self._block(1, struct.pack("<HHI", lt, 0, snaplen) + opts)
 
     def records(self, buf: np.ndarray, pieces: tuple[np.ndarray, np.ndarray, np.ndarray], caplen: np.ndarray,
-                wirelen: np.ndarray, ts: np.ndarray, if_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                wirelen: np.ndarray, ts: np.ndarray, if_id: np.ndarray,
+                linktype: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Lay out one record per row; ``pieces`` = (row, src offset in buf, length), in row order, whose
         lengths sum to each row's caplen. Returns (out buffer, data offset of each row) for patching.
 
@@ -98,7 +102,7 @@ class _Writer:
         if self.pcapng:
             pad = (-cap) % 4
             head, tail = 28, 4
-            ifmap = np.array([self.ifaces[i] for i in if_id.tolist()], np.uint32) if n else np.zeros(0, np.uint32)
+            ifmap = np.array([self.ifaces[k] for k in zip(if_id.tolist(), linktype.tolist())], np.uint32)
             rec = head + cap + pad + tail
             hdr = np.stack([np.full(n, 6, np.uint32), rec.astype(np.uint32), ifmap, (ts >> 32).astype(np.uint32),
                             (ts & 0xFFFFFFFF).astype(np.uint32), cap.astype(np.uint32), wirelen.astype(np.uint32)],
@@ -184,54 +188,97 @@ def explode(source: str | os.PathLike | BinaryIO, dest: str | os.PathLike, *, ms
     engine = EgressEngine(prof, mss=mss, strip_hbh=True)
     reader = CaptureReader(source)
     flows = FlowTable()  # flow ids: the engine resolves each flow's MSS once (G14)
-    frames_in = frames_out = supers = segs_out = 0
+    frames_in = frames_out = 0
+    counts = [0, 0]  # super-packets cut, their segments written
     error: CaptureError | None = None
-    tmp = dest.with_name(dest.name + ".part")
+    # a regular file (or a symlink to one, or a new name) is written as OUT.part and renamed when complete; a
+    # FIFO, a device or '-' (stdout) is written as it goes: a rename would replace the node itself
+    tmp: Path | None = None
     try:
-        f = open(tmp, "wb")  # noqa: SIM115 - closed below
+        if str(dest) == "-":
+            f = os.fdopen(os.dup(sys.stdout.buffer.fileno()), "wb")
+        else:
+            real = Path(os.path.realpath(dest))
+            if real.exists() and not real.is_file():
+                f = open(real, "wb")  # noqa: SIM115 - closed below
+            else:
+                tmp = real.with_name(real.name + ".part")
+                f = open(tmp, "wb")  # noqa: SIM115 - closed below
     except OSError as e:
         reader.src.close()
         raise OutputError.from_os(str(dest), e) from None
     try:
         with f:
             w = _Writer(f, pcapng)
-            try:
+            held = None  # a batch is written once the next one is read: its last segments' times need the
+            try:  # next frame's time (the segments of a super-packet never pass the frame after it)
                 for rb in reader:
                     pb, _ = decode(rb)
                     eb = engine.feed(pb, flows.assign(pb))
                     snap = max((s for s in reader.info.snaplens if s > 0), default=MAX_SNAPLEN)
-                    n_sp, n_seg = _batch(w, rb, pb, eb, snap)
+                    if len(pb):  # records longer than the header's snaplen are read whole (tshark does too)
+                        snap = max(snap, int(pb.caplen.max()))
+                    if held is not None and len(pb):
+                        frames_out += _write_held(*held, int(pb.ts_ns[0]), counts)
+                        held = None
+                    if len(pb):
+                        held = (w, rb, pb, eb, snap)
                     frames_in += len(pb)
-                    frames_out += len(eb)
-                    supers += n_sp
-                    segs_out += n_seg
             except CaptureError as e:
                 error = e
+            if held is not None:
+                frames_out += _write_held(*held, None, counts)
             if w.linktype is None and not pcapng:  # an empty capture still gets a valid file
                 w.begin(np.ones(1, np.uint16), np.zeros(1, np.uint32), MAX_SNAPLEN)
-        tmp.replace(dest)
+        if tmp is not None:
+            tmp.replace(tmp.with_name(tmp.name[:-len(".part")]))
     except BaseException as e:  # a usage error (mixed link types into pcap), a full disk, ^C: no stray .part file
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise OutputError.from_os(str(dest), e) from None
         raise
     summary = {"source": reader.info.name, "dest": str(dest), "format": "pcapng" if pcapng else "pcap",
-               "frames_in": frames_in, "frames_out": frames_out, "super_packets": supers, "segments_out": segs_out,
+               "frames_in": frames_in, "frames_out": frames_out, "super_packets": counts[0], "segments_out": counts[1],
                "partial": error is not None}
     return ExplodeResult(dest=dest, summary=summary, error=error)
 
 
-def _batch(w: _Writer, rb, pb, eb, snap: int) -> tuple[int, int]:
-    """Write the output records of one input batch; returns (super-packets, their segments)."""
-    n = len(eb)
+def _write_held(w: _Writer, rb, pb, eb, snap: int, next_ts: int | None, counts: list[int]) -> int:
+    """``_batch`` for a held batch; adds its super-packets and segments to ``counts``, returns its frames."""
+    n_sp, n_seg, n_out = _batch(w, rb, pb, eb, snap, next_ts)
+    counts[0] += n_sp
+    counts[1] += n_seg
+    return n_out
+
+
+def _batch(w: _Writer, rb, pb, eb, snap: int, next_ts: int | None = None) -> tuple[int, int, int]:
+    """Write the output records of one input batch; returns (super-packets, their segments, records written).
+    ``next_ts``: the time of the frame after the batch (None: the capture ends with it)."""
     s = eb.source_index
-    split = (eb.action == ACTION_SEGMENTED) & (pb.tunnel[s] == 0)
+    seg = eb.action == ACTION_SEGMENTED
+    # what is segmented but cannot be cut here is copied unchanged, once: a tunnelled super-packet (its inner
+    # headers are not rewritten), an IPv6 one whose Hop-by-Hop header holds more than the 8-byte jumbo option
+    # (the kernel removes only that exact header: ipv6_hopopt_jumbo_remove)
+    hbh_in = seg & (pb.bigtcp[s] == BIGTCP_HBH_JUMBO)
+    long_hbh = np.zeros(len(eb), bool)
+    if hbh_in.any():
+        at = rb.off[s[hbh_in]].astype(np.int64) + pb.l3_off[s[hbh_in]].astype(np.int64) + 41
+        long_hbh[hbh_in] = rb.buf[at] != 0
+    whole = seg & ((pb.tunnel[s] != 0) | long_hbh)
+    if whole.any():
+        keep = ~whole | (eb.out_index == 0)
+        eb = EgressBatch(**{f.name: getattr(eb, f.name)[keep] for f in dataclasses.fields(eb)})
+        whole = whole[keep]
+        s = eb.source_index
+    n = len(eb)
+    split = (eb.action == ACTION_SEGMENTED) & ~whole
     w.begin(pb.linktype[s], pb.if_id[s], snap)
     if not w.pcapng:
         snap = w.snaplen  # the pcap header's, from the first batch
     off = rb.off[s].astype(np.int64)
     cap_in = pb.caplen[s].astype(np.int64)
-    hbh = split & (pb.bigtcp[s] == 1)  # BIGTCP_HBH_JUMBO
+    hbh = split & (pb.bigtcp[s] == BIGTCP_HBH_JUMBO)
     l3 = pb.l3_off[s].astype(np.int64)
     hdr_in = pb.l4_off[s].astype(np.int64) + pb.tcp_hdr_len[s].astype(np.int64)
     hdr_out = hdr_in - 8 * hbh
@@ -248,7 +295,8 @@ def _batch(w: _Writer, rb, pb, eb, snap: int) -> tuple[int, int]:
     wirelen = np.where(split, eb.frame_len.astype(np.int64), pb.wirelen[s].astype(np.int64))
     # timestamps: spread the segments of one super-packet up to the next input frame
     ts_in = pb.ts_ns.astype(np.int64)
-    nxt = np.r_[ts_in[1:], ts_in[-1] + STEP_NS * 65536] if len(ts_in) else ts_in
+    last = ts_in[-1] + STEP_NS * 65536 if next_ts is None or next_ts < ts_in[-1] else next_ts
+    nxt = np.r_[ts_in[1:], last] if len(ts_in) else ts_in
     n_out = np.bincount(s, minlength=len(pb))
     step = np.minimum(STEP_NS, (nxt - ts_in) // np.maximum(n_out, 1))
     ts = ts_in[s] + eb.out_index.astype(np.int64) * np.maximum(step[s], 0)
@@ -268,11 +316,11 @@ def _batch(w: _Writer, rb, pb, eb, snap: int) -> tuple[int, int]:
         plen = np.concatenate([a_len[a:b], b_len[a:b], c_len[a:b]])
         order = np.argsort(prow, kind="stable")
         out, data = w.records(rb.buf, (prow[order], psrc[order], plen[order]), caplen[a:b], wirelen[a:b], ts[a:b],
-                              pb.if_id[s[a:b]])
+                              pb.if_id[s[a:b]], pb.linktype[s[a:b]])
         _patch(out, data, split[a:b], hbh[a:b], rb.buf, off[a:b], l3[a:b], hdr_out[a:b], caplen[a:b],
                {k: v[a:b] for k, v in fields.items()})
         w.write(out)
-    return int((split & (eb.out_index == 0)).sum()), int(split.sum())
+    return int((split & (eb.out_index == 0)).sum()), int(split.sum()), n
 
 
 def _patch(out, data, split, hbh, buf, off, l3, hdr_out, caplen, f: dict) -> None:

@@ -143,3 +143,99 @@ def test_explode_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bigtcp_pcap.cli", "explode", str(tmp_path / "none.pcap"), str(out)],
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1
+
+
+def _payload_by_port(path: Path) -> collections.Counter:
+    """TCP payload bytes per (sport, dport) as tshark reads them (BIG TCP preferences on), and frames."""
+    out: collections.Counter = collections.Counter()
+    for r in tshark_fields(path, ["tcp.srcport", "tcp.dstport", "tcp.len"], "tcp"):
+        out[r["tcp.srcport"], r["tcp.dstport"]] += int(r["tcp.len"].split(",")[-1] or 0)
+    return out
+
+
+def test_tunnelled_super_packets_are_copied_once(tmp_path):
+    # a kernel VXLAN receiver: GRO super-packets inside the tunnel; explode cannot rewrite inner headers, so each
+    # is copied unchanged, once (each was written as many times as it had segments: 150 frames -> 695)
+    src = KERNEL / "linktypes" / "vxlan.rcv.pcap"
+    out = tmp_path / "x.pcap"
+    res = bigtcp_pcap.explode(src, out)
+    assert res.summary["frames_out"] == res.summary["frames_in"] == len(tshark_fields(src, ["frame.number"]))
+    cin = [(rb.packet(i), int(rb.wirelen[i])) for rb in CaptureReader(src) for i in range(len(rb))]
+    cout = [(rb.packet(i), int(rb.wirelen[i])) for rb in CaptureReader(out) for i in range(len(rb))]
+    assert cout == cin and _payload_by_port(out) == _payload_by_port(src)
+
+
+def test_a_longer_hop_by_hop_header_is_copied_unchanged(tmp_path):
+    # the kernel removes only an 8-byte HBH holding just the jumbo option: one padded to 16 bytes stays, so the
+    # frame cannot be cut by removing 8 bytes (the PadN bytes were read as the TCP header)
+    payload = bytes(9000)
+    th = C.tcp(seq=1, flags=0x18)
+    opts = C.jumbo_opt(16 + len(th) + len(payload)) + bytes([1, 6]) + bytes(6)
+    big = C.eth(0x86DD) + C.ipv6(0, 0) + C.hbh(6, opts) + th + payload
+    assert big[14 + 41] == 1  # Hdr Ext Len 1: 16 bytes
+    cap = write_pcap(tmp_path / "hbh16.pcap", [C.eth(0x86DD) + C.ipv6(20, 6) + th, big])
+    out = tmp_path / "x.pcap"
+    res = bigtcp_pcap.explode(cap, out, mss=1448)
+    assert res.summary["frames_out"] == 2 and res.summary["super_packets"] == 0
+    cin = [rb.packet(i) for rb in CaptureReader(cap) for i in range(len(rb))]
+    assert [rb.packet(i) for rb in CaptureReader(out) for i in range(len(rb))] == cin
+    assert _payload_by_port(out) == _payload_by_port(cap)
+
+
+def test_segments_never_pass_the_next_frame_across_batches(tmp_path, monkeypatch):
+    # the last super-packet of a read batch took the next frame's time from nowhere (+65 ms): its segments ran
+    # past the first frame of the next batch
+    import functools
+
+    from bigtcp_pcap.gso import explode as X
+
+    monkeypatch.setattr(X, "CaptureReader", functools.partial(CaptureReader, batch_size=7))
+    src = KERNEL / "v6_185000.rcv.pcap"
+    out = tmp_path / "x.pcap"
+    res = X.explode(src, out)
+    assert res.summary["super_packets"] > 10
+    ts = [float(r["frame.time_epoch"]) for r in tshark_fields(out, ["frame.time_epoch"])]
+    assert ts == sorted(ts) and len(ts) == res.summary["frames_out"]
+    assert _payload_by_port(out) == _payload_by_port(src)
+
+
+def test_multi_section_pcapng_keeps_each_sections_interfaces(tmp_path):
+    # interface ids restart at 0 in every section: the second section's raw-IP frames went out under the first
+    # section's Ethernet interface (tshark then read junk ports)
+    parts = []
+    for i, src in enumerate((KERNEL / "v4_65536.rcv.pcap", KERNEL / "linktypes" / "tun_raw.rcv.pcap")):
+        parts.append(tmp_path / f"s{i}.pcapng")
+        subprocess.run(["editcap", "-F", "pcapng", str(src), str(parts[-1])], check=True, capture_output=True)
+    cat = tmp_path / "two_sections.pcapng"
+    cat.write_bytes(b"".join(p.read_bytes() for p in parts))
+    out = tmp_path / "x.pcapng"
+    res = bigtcp_pcap.explode(cat, out)
+    assert res.error is None and res.summary["super_packets"] > 0
+    encaps = collections.Counter(r["frame.encap_type"] for r in tshark_fields(out, ["frame.encap_type"]))
+    want = collections.Counter(r["frame.encap_type"] for r in tshark_fields(cat, ["frame.encap_type"]))
+    assert set(encaps) == set(want) == {"1", "7"}  # Ethernet and raw IP
+    assert _payload_by_port(out) == _payload_by_port(cat)
+
+
+def test_out_may_be_a_fifo_a_symlink_or_stdout(tmp_path):
+    # OUT.part renamed over OUT replaced a FIFO (its reader got nothing), a symlink, even /dev/stdout
+    src = KERNEL / "v6_185000.rcv.pcap"
+    ref = tmp_path / "ref.pcap"
+    bigtcp_pcap.explode(src, ref)
+    want = ref.read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = tmp_path / "from_fifo.pcap"
+    with open(got, "wb") as sink:
+        reader = subprocess.Popen(["cat", str(fifo)], stdout=sink)
+        bigtcp_pcap.explode(src, fifo)
+        assert reader.wait(timeout=60) == 0
+    assert got.read_bytes() == want and fifo.is_fifo()
+    target, link = tmp_path / "target.pcap", tmp_path / "link.pcap"
+    target.write_bytes(b"")
+    link.symlink_to(target)
+    bigtcp_pcap.explode(src, link)
+    assert link.is_symlink() and target.read_bytes() == want
+    r = subprocess.run([sys.executable, "-m", "bigtcp_pcap.cli", "explode", str(src), "-", "--json"],
+                       capture_output=True, timeout=120, check=False)
+    assert r.returncode == 0 and r.stdout == want and b'"frames_out"' in r.stderr  # the counts on stderr
