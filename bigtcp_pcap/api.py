@@ -28,7 +28,7 @@ from .audit.stage import FilterAudits
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
-from .errors import BigtcpError, CaptureError, Interrupted, OutputError, make_outdir
+from .errors import BigtcpError, CaptureError, Interrupted, OutputError, UsageError, make_outdir
 from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
@@ -154,6 +154,10 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     split run's parts take the whole capture's).
     """
     packets = packets or wireshark_sidecar
+    if wireshark_sidecar and (source is not None and (not isinstance(source, (str, os.PathLike))
+                                                      or str(source) == "-")):
+        raise UsageError("--wireshark-sidecar needs a capture file: the sidecar is tied to the file's name and "
+                         "size, which a stream does not have (save it first, e.g. tcpdump -w FILE)")
     if gro is not None and gro_params:
         raise TypeError(f"analyze() got both gro= and GRO keywords ({', '.join(sorted(gro_params))}): "
                         "give one, e.g. gro=dataclasses.replace(gro, ...)")

@@ -270,3 +270,14 @@ def test_interrupt_finishes_every_table_marked_partial(tmp_path, sig):
         assert meta["partial"] is True and sig.name in meta["error"]
     codes = pq.read_table(out / "findings.parquet").column("code").to_pylist()
     assert "capture.interrupted" in codes
+
+
+def test_sidecar_from_stdin_is_a_usage_error_before_any_work(tmp_path):
+    # the sidecar is matched to a capture file by name and size: from a stream it raised a ValueError traceback
+    # after the tables were written
+    with open(SND, "rb") as f:
+        res = subprocess.run([*CLI, "analyze", "-", "-o", str(tmp_path / "out"), "--wireshark-sidecar"], stdin=f,
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    (line,) = error_lines(res)
+    assert "--wireshark-sidecar needs a capture file" in line and not (tmp_path / "out").exists()
