@@ -200,17 +200,26 @@ def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
     rows = SuperPacketBatch.concat(parts)
     mine = np.array([_is_host(label, host_mac, host_addrs) or not cfg.split_receivers for label in stage.labels],
                     bool)
-    keep = mine[rows.receiver.astype(np.int64)] if len(rows) else np.zeros(0, bool)
-    sel = SuperPacketBatch(**{name: col[keep] for name, col in rows.to_dict().items()})
     arr = np.array(keys, dtype=np.dtype((np.void, 37))) if keys else np.zeros(0, np.dtype((np.void, 37)))
+    keep = mine[rows.receiver.astype(np.int64)] if len(rows) else np.zeros(0, bool)
+    if len(rows) and cfg.split_receivers and host_addrs:
+        # or built for a flow to one of the host's addresses: the two captures need not share a link type (an
+        # Ethernet sender's receivers are MACs, an SLL2 or raw-IP receiver capture names the host by address)
+        k = arr.view(np.uint8).reshape(-1, 37)
+        dst = np.ascontiguousarray(np.concatenate([k[:, :1], k[:, 17:33]], axis=1)).view(
+            np.dtype((np.void, 17))).reshape(-1)
+        to_host = np.isin(dst, np.array(sorted(host_addrs), dtype=dst.dtype))
+        fid = rows.flow_id.astype(np.int64)
+        keep |= (fid >= 0) & to_host[np.maximum(fid, 0)]
+    sel = SuperPacketBatch(**{name: col[keep] for name, col in rows.to_dict().items()})
     return sel, arr
 
 
 def _is_host(label: str, mac: int | None, addrs: set[bytes]) -> bool:
     """Is a GroStage receiver label the receiving host (its MAC, or one of its addresses)?"""
     name = label.split(" (")[0]
-    if mac is not None:
-        return name == ":".join(f"{(int(mac) >> s) & 0xFF:02x}" for s in range(40, -8, -8))
+    if mac is not None and name == ":".join(f"{(int(mac) >> s) & 0xFF:02x}" for s in range(40, -8, -8)):
+        return True
     return name in {_fmt(a) for a in addrs}
 
 
