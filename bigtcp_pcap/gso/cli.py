@@ -115,9 +115,11 @@ def egress_cmd(
     else:
         out = Console(highlight=False)
         render(result.summary, out if out.is_terminal else Console(width=160, highlight=False))
-        Console(stderr=True).print(f"table written to {outdir}/egress.parquet", highlight=False)
+        if result.error is None:  # an error run says where the table is in its one error line
+            Console(stderr=True).print(f"table written to {outdir}/egress.parquet", highlight=False)
     if result.error is not None:
-        raise _fail(result.error.one_line() + " (table written, marked partial)", EXIT_CAPTURE)
+        raise _fail(f"{result.error.one_line()} (table written to {outdir}/egress.parquet, marked partial)",
+                    EXIT_CAPTURE)
 
 
 def render(s: dict, out: Console) -> None:

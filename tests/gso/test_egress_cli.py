@@ -70,6 +70,9 @@ def test_corrupt_capture_exit_3_partial(tmp_path):
     assert "cut.pcap" in r.stderr and "frame" in r.stderr and "byte offset" in r.stderr
     meta = read_metadata(tmp_path / "o" / "egress.parquet")
     assert meta["partial"] is True and pq.read_table(tmp_path / "o" / "egress.parquet").num_rows > 0
+    r = cli("egress", str(cut), "-o", str(tmp_path / "o2"))  # the table view: still one stderr line (it was two)
+    (line,) = r.stderr.strip().splitlines()
+    assert r.returncode == 3 and "byte offset" in line and "egress.parquet, marked partial" in line
 
 
 def test_profile_file_from_ip_link_show(tmp_path):
