@@ -78,3 +78,37 @@ def test_explode_refusal_leaves_no_part_file(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "link types" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["multi.pcapng"]
+
+
+@needs_exe
+def test_plot_and_report_on_damaged_outputs_and_bad_destinations(tmp_path):
+    # a damaged analyze directory was a traceback (JSONDecodeError, ArrowInvalid), an unwritable --dest too, a
+    # folder --dest left REPORT.tmp beside it; an empty capture's plots printed matplotlib's legend warnings
+    import shutil
+
+    kernel = Path(__file__).resolve().parent / "fixtures" / "kernel"
+    out = tmp_path / "out"
+    assert _run("analyze", str(kernel / "v6_185000.rcv.pcap"), "-o", str(out), "--no-progress").returncode in (0, 1)
+    for name in ("summary.json", "flows.parquet", "superpackets.parquet"):
+        bad = tmp_path / f"bad_{name}"
+        shutil.copytree(out, bad)
+        (bad / name).write_bytes((bad / name).read_bytes()[:50])
+        for cmd in (["report", str(bad)], ["plot", str(bad)]):
+            if cmd[0] == "plot" and name == "summary.json":
+                continue  # plot reads only the tables
+            r = _run(*cmd)
+            assert r.returncode == 2 and "Traceback" not in r.stderr, (cmd, r.stderr)
+            (line,) = r.stderr.splitlines()
+            assert f"cannot read {name}" in line
+    for cmd in (["plot", str(out), "--dest", "/proc/nope"], ["report", str(out), "--dest", "/proc/nope.html"]):
+        r = _run(*cmd)
+        assert r.returncode == 4 and len(r.stderr.splitlines()) == 1 and ".tmp" not in r.stderr, r.stderr
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    r = _run("report", str(out), "--dest", str(folder))
+    assert r.returncode == 0 and [p.name for p in folder.iterdir()] == ["report.html"]
+    empty = tmp_path / "empty.pcap"
+    empty.write_bytes(bytes.fromhex("d4c3b2a1020004000000000000000000ffff000001000000"))
+    assert _run("analyze", str(empty), "-o", str(tmp_path / "e"), "--no-progress").returncode == 0
+    r = _run("plot", str(tmp_path / "e"))
+    assert r.returncode == 0 and r.stderr == ""

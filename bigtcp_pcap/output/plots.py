@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..errors import OutputError, UsageError
 from .parquet import read_metadata
 
 TOP_FLOWS = 4
@@ -42,10 +43,11 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
 
     outdir = Path(outdir)
     dest = Path(dest) if dest else outdir / "plots"
-    dest.mkdir(parents=True, exist_ok=True)
-    sp = pd.read_parquet(outdir / "superpackets.parquet")
-    flows = pd.read_parquet(outdir / "flows.parquet")
-    meta = read_metadata(outdir / "superpackets.parquet")
+    sp, flows, meta = read_tables(outdir)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError.from_os(str(dest), e) from None
     limits = _limits(meta)
     title_src = meta.get("source_name", "")
     top = flows.sort_values("payload_bytes", ascending=False).head(TOP_FLOWS)
@@ -75,7 +77,8 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
     ax_h.set_title("Super-packet size")
     ax_c.set_ylabel("fraction of super-packets <= size")
     ax_c.set_title("Super-packet size CDF")
-    ax_c.legend(fontsize=8, loc="lower right")
+    if ax_c.get_legend_handles_labels()[0]:  # (an empty capture has nothing to label)
+        ax_c.legend(fontsize=8, loc="lower right")
     fig.suptitle(f"{title_src}: GRO super-packets per flow (top {len(top)} by bytes)")
     fig.tight_layout()
     written.append(_save(fig, dest / "superpacket_sizes.png", plt))
@@ -93,7 +96,8 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
     ax.set_ylabel("super-packets")
     ax.set_title(f"{title_src}: segments per super-packet")
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # (an empty capture has nothing to label)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     written.append(_save(fig, dest / "segments_per_superpacket.png", plt))
 
@@ -121,7 +125,8 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
     ax2.set_ylabel("goodput (Gbit/s), lines")
     ax.set_title(f"{title_src}: super-packet size and throughput over time")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right", markerscale=3)
+    if ax.get_legend_handles_labels()[0]:  # (an empty capture has nothing to label)
+        ax.legend(fontsize=8, loc="lower right", markerscale=3)
     fig.tight_layout()
     written.append(_save(fig, dest / "superpackets_over_time.png", plt))
 
@@ -138,7 +143,8 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
             ax.bar(bins[:-1], h, width=np.diff(bins), bottom=bottom, align="edge", label=name,
                    color=colors[k % len(colors)])
             bottom += h
-        ax.legend(fontsize=8, ncol=4)
+        if ax.get_legend_handles_labels()[0]:  # (an empty capture has nothing to label)
+            ax.legend(fontsize=8, ncol=4)
     ax.set_xlabel("time since first super-packet (ms)")
     ax.set_ylabel("super-packets per bin")
     ax.set_title(f"{title_src}: flush reasons over time")
@@ -148,7 +154,26 @@ def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:
     return written
 
 
+def read_tables(outdir: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """superpackets, flows and the super-packets' metadata; a missing or damaged table is a UsageError naming it."""
+    name = "superpackets.parquet"
+    try:
+        sp = pd.read_parquet(outdir / name)
+        meta = read_metadata(outdir / name)
+        name = "flows.parquet"
+        flows = pd.read_parquet(outdir / name)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors for a damaged file are many (ArrowInvalid, OSError)
+        why = getattr(e, "strerror", None) or str(e).splitlines()[0]
+        raise UsageError(f"{outdir}: cannot read {name}: {why} (re-run 'bigtcp-pcap analyze CAPTURE -o "
+                         f"{outdir}')") from None
+    return sp, flows, meta
+
+
 def _save(fig, path: Path, plt) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise OutputError.from_os(str(path), e) from None
+    finally:
+        plt.close(fig)
     return path

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..errors import OutputError, UsageError
+
 REPORT_NAME = "report.html"
 
 CSS = """
@@ -229,12 +231,22 @@ def write_report(outdir: str | Path, dest: str | Path | None = None) -> Path:
     sj = outdir / "summary.json"
     if not sj.is_file():
         raise FileNotFoundError(f"{outdir}: no summary.json here (run 'bigtcp-pcap analyze CAPTURE -o {outdir}')")
-    summary = json.loads(sj.read_text(encoding="utf-8"))
+    try:
+        summary = json.loads(sj.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{outdir}: cannot read summary.json: {e} (re-run 'bigtcp-pcap analyze CAPTURE -o "
+                         f"{outdir}')") from None
     with tempfile.TemporaryDirectory(prefix="bigtcp-report-") as tmp:
         pngs = plot_dir(outdir, tmp) if (outdir / "superpackets.parquet").is_file() else []
         text = render_report(summary, pngs)
     path = Path(dest) if dest else outdir / REPORT_NAME
+    if path.is_dir():  # a folder: the report goes into it
+        path = path / REPORT_NAME
     tmp_path = path.with_name(path.name + ".tmp")
-    tmp_path.write_text(text, encoding="utf-8")
-    tmp_path.replace(path)
+    try:
+        tmp_path.write_text(text, encoding="utf-8")
+        tmp_path.replace(path)
+    except OSError as e:
+        tmp_path.unlink(missing_ok=True)
+        raise OutputError.from_os(str(path), e) from None
     return path
