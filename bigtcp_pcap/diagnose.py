@@ -135,7 +135,7 @@ class ObservedSizes:
             if low.size:
                 self.hist[j] += np.bincount(low, minlength=GRO_LEGACY_MAX_SIZE)
         # per flow: rows at the budget; the others by their distance below 64 KiB and PSH; MSS and segments seen
-        budget = nseg >= self.weight
+        budget = nseg == self.weight  # exactly: more segments (a TX capture's GSO skbs, HZ >= 1000) is not a budget end
         d = np.where(l3 < GRO_LEGACY_MAX_SIZE, GRO_LEGACY_MAX_SIZE - l3, GRO_LEGACY_MAX_SIZE + 1)
         kind = np.where(budget, OBS_BUDGET, np.where((flags & TH_PSH) != 0, OBS_D_PSH, OBS_D))
         base = fid << OBS_SHIFT
@@ -231,7 +231,7 @@ class SuperPacketTally:
                  & (spb.l3_len.astype(np.int64) + seg >= limit) & (spb.payload_len > 0))
         counted = np.where(bound, R.SIZE_LIMIT, reason)
         sums = np.stack([np.ones(n, np.int64), spb.payload_len.astype(np.int64),
-                         (spb.n_segments >= self.napi_weight).astype(np.int64)], axis=1)
+                         (spb.n_segments == self.napi_weight).astype(np.int64)], axis=1)
         # ties in bytes rank by first appearance: the row (whatever the batches, so that a split run's parts
         # rank as the serial run does)
         rows = self._rows + np.arange(n, dtype=np.int64)

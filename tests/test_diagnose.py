@@ -209,3 +209,17 @@ def test_observed_sizes_equal_a_count_of_the_observed_rows(name):
     assert checked
     # a receiver at 65536 ends super-packets within one segment of 64 KiB (42, 44, 21 on these fixtures)
     assert (near64 > 0) == name.endswith("65536")
+
+
+def test_observed_ends_count_only_super_packets_of_exactly_the_budget(tmp_path):
+    # a TX capture's GSO skbs hold up to 129 segments; each of 64 or more was called "at 64 segments (NAPI budget)"
+    import pyarrow.parquet as pq
+
+    a = analyze(KERNEL / "egress" / "v6_gso65536.a0.pcap.xz", outdir=tmp_path)
+    sp = pq.read_table(tmp_path / "superpackets.parquet").to_pandas()
+    flow = max(a.summary["diagnosis"]["flows"], key=lambda f: f["payload_bytes"])
+    obs = next(r for r in flow["reasons"] if r["reason"] == "observed")
+    rows = sp[(sp.flow_id == flow["flow_id"]) & (sp.flush_reason == "observed")]
+    assert (rows.n_segments > 64).sum() >= 3  # the shape that was miscounted
+    assert obs["ends"]["napi_budget"] == int((rows.n_segments == 64).sum())
+    assert f"{obs['ends']['napi_budget']} at 64 segments (NAPI budget)" in obs["text"]
