@@ -135,15 +135,22 @@ def _audit_html(fa: dict) -> str:
     if fa.get("note"):
         out.append(f"<div class='card warn'>{_e(fa['note'])}</div>")
     rows = []
+    skipped = 0
     for r in fa.get("results", []):
         bad = r["missed"] or r["false_matches"]
-        rows.append([f"<code>{_e(r['expr'])}</code>", "MIS-PARSES" if bad else "ok", r.get("matched"),
+        skipped = max(skipped, r.get("frames_skipped") or 0)
+        judged = (r.get("frames_total") or 0) - (r.get("frames_skipped") or 0)
+        rows.append([f"<code>{_e(r['expr'])}</code>", "MIS-PARSES" if bad else "ok", judged, r.get("matched"),
                      r.get("truth"), r["missed"], r["false_matches"],
                      _e(", ".join(f"{k} {v}" for k, v in (r.get("reasons") or {}).items()) or "-"),
                      f"<code>{_e(r['suggestion'])}</code>" if r.get("suggestion") else "-"])
     if rows:
-        out.append(_table(["filter", "verdict", "matched", "truth", "missed", "false matches", "reasons",
-                           "use instead"], rows, numeric={2, 3, 4, 5}))
+        out.append(_table(["filter", "verdict", "frames judged", "matched", "truth", "missed", "false matches",
+                           "reasons", "use instead"], rows, numeric={2, 3, 4, 5, 6}))
+        if skipped:  # the default audit judges only the frames a BIG TCP encoding or extension header can affect
+            out.append(f"<p class='sub'>matched and truth count the frames judged only: {skipped:,} frames that "
+                       "no BIG TCP encoding or extension header can affect were not run through the filters "
+                       "('bigtcp-pcap audit-filter' judges every frame).</p>")
     if fa.get("audited") and not fa.get("results"):
         out.append(f"<div class='card ok'>Filters audited, none mis-parses this capture: "
                    f"{_e(', '.join(fa['audited']))}</div>")

@@ -100,3 +100,17 @@ def test_report_screenshot(report, tmp_path):
     keep = REPO / "tests" / "output" / "last-report-screenshot.png"
     if keep.parent.is_dir():  # for a person to look at (git-ignored)
         shutil.copyfile(shot, keep)
+
+
+def test_report_audit_counts_say_which_frames_were_judged(report):
+    # the default audit judges only the frames a BIG TCP encoding or extension header can affect; the report's
+    # "matched 0, truth 21" read as whole-capture counts (libpcap matches 119 of that capture's 147 frames)
+    text = report.read_text()
+    s = json.loads((report.parent / "summary.json").read_text())
+    r = next(x for x in s["filter_audit"]["results"] if x["expr"] == "tcp")
+    assert r["frames_skipped"] > 0
+    judged = r["frames_total"] - r["frames_skipped"]
+    row = re.search(r"<code>tcp</code>.*?</tr>", text, re.DOTALL).group(0)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)  # from the verdict on (the filter's cell began the match)
+    assert cells[:4] == ["MIS-PARSES", f"{judged:,}", f"{r['matched']:,}", f"{r['truth']:,}"], cells
+    assert f"{r['frames_skipped']:,} frames that no BIG TCP encoding" in text
