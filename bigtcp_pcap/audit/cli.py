@@ -54,7 +54,7 @@ def audit_filter(
     parquet: Annotated[Path | None, typer.Option(
         "--parquet", help="write the verdicts of the frames that are not ok (missed, false_match, not_audited; "
                           "the ok ones are only counted) to this Parquet file")] = None,
-    max_flows: Annotated[int, typer.Option(help="affected flows to list (text output)")] = 10,
+    max_flows: Annotated[int, typer.Option(min=0, help="affected flows to list (text output)")] = 10,
 ) -> None:
     """Which packets does a capture filter get wrong on this capture, and why (BIG TCP, extension headers)?
 
@@ -75,9 +75,16 @@ def audit_filter(
     if parquet is not None:
         import pyarrow.parquet as pq
 
+        from ..output.parquet import encode_value
+
         try:
             parquet.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(result.frames_table(), parquet)
+            table = result.frames_table()
+            err = None if result.error is None else str(result.error)
+            meta = {**(table.schema.metadata or {}),  # marked as analyze marks its tables
+                    **{f"bigtcp_pcap.{k}".encode(): encode_value(k, v).encode()
+                       for k, v in (("partial", err is not None), ("error", err))}}
+            pq.write_table(table.replace_schema_metadata(meta), parquet)
         except OSError as e:  # an output error (exit 4), one line
             fault = OutputError.from_os(str(parquet), e)
             raise _fail(fault.one_line(), fault.exit_code) from None

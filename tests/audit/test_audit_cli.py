@@ -102,3 +102,22 @@ def test_bad_expression_is_reported_on_an_empty_capture(app, tmp_path):
 
     r = run(app, "tcp port", str(write_pcap(tmp_path / "empty.pcap", [])))
     assert r.exit_code == 2 and tcpdump_error("tcp port") in r.stderr
+
+
+def test_parquet_of_a_truncated_capture_is_marked_partial(app, tmp_path):
+    # the verdicts of the frames before the fault are written; the file said nothing of the fault (analyze's
+    # tables carry partial/error), and read_metadata failed on its plain-text filter key
+    from bigtcp_pcap.output.parquet import read_metadata
+
+    raw = kernel_capture("v6_185000.rcv.pcap").read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(raw[:5000])
+    out = tmp_path / "v.parquet"
+    r = run(app, "tcp", str(cut), "--parquet", str(out))
+    assert r.exit_code == 3 and "byte offset" in r.stderr
+    meta = read_metadata(out)
+    assert meta["partial"] is True and meta["filter"] == "tcp" and "cut.pcap (frame " in meta["error"]
+    whole = tmp_path / "w.parquet"
+    assert run(app, "tcp", str(kernel_capture("v6_185000.rcv.pcap")), "--parquet", str(whole)).exit_code == 1
+    assert read_metadata(whole)["partial"] is False and read_metadata(whole)["error"] is None
+    assert run(app, "tcp", str(cut), "--max-flows", "-1").exit_code == 2
