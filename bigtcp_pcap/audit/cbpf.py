@@ -359,6 +359,10 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
                           | tunnel)
     ov, ou = nz.outer_udp_batch(pb, buf, off, cap, cand)
     why = nz.why_not_batch(pb, cand, cap, ov)
+    t = np.flatnonzero(why == 2)  # a tunnel the copy cannot rewrite (GRE, ERSPAN, IPIP): judged as it is when
+    if t.size:  # neither its outer header nor its inner packet needs normalizing
+        fine = nz.plain_outer_batch(pb, buf, off, cap, cand[t]) & ~nz.needs_normalizing_batch(pb, cand[t])
+        why[t[fine]] = 0
     na_reason = np.zeros(n, np.uint8)
     na_reason[cand] = _SKIP_REASON[why]
     na_reason[(pb.status & ST_UNKNOWN_LINKTYPE) != 0] = R_LINKTYPE

@@ -207,6 +207,26 @@ def why_not_batch(pb: PacketBatch, rows: np.ndarray, caplen: np.ndarray, outer_v
     return np.select(conds, np.arange(1, len(conds) + 1, dtype=np.int8), 0).astype(np.int8)
 
 
+def plain_outer_batch(pb: PacketBatch, buf: np.ndarray, off: np.ndarray, cap: np.ndarray,
+                      rows: np.ndarray) -> np.ndarray:
+    """For tunnel rows: is the outer IP header plain (IPv4 with a non-zero total length, or IPv6 with a non-zero
+    payload length and GRE, IPIP or IPv6 right after it)? Such a frame needs no normalizing when its inner packet
+    needs none, whatever the tunnel (GRE, ERSPAN, IPIP, 6in4)."""
+    rows = np.asarray(rows, np.int64)
+    o = np.asarray(off, np.int64)[rows] + pb.l2_len[rows].astype(np.int64)
+    room = np.asarray(cap, np.int64)[rows] - pb.l2_len[rows].astype(np.int64)
+    ok = np.zeros(rows.size, bool)
+    has = room >= 40
+    v4 = np.zeros(rows.size, bool)
+    v6 = np.zeros(rows.size, bool)
+    h = o[room >= 20]
+    v4[room >= 20] = (buf[h] >> 4) == 4
+    v6[has] = (buf[o[has]] >> 4) == 6
+    ok[v4] = (buf[o[v4] + 2] | buf[o[v4] + 3]) != 0
+    ok[v6] = ((buf[o[v6] + 4] | buf[o[v6] + 5]) != 0) & np.isin(buf[o[v6] + 6], (4, 41, 47))
+    return ok
+
+
 def needs_normalizing_batch(pb: PacketBatch, rows: np.ndarray, buf: np.ndarray | None = None,
                             off: np.ndarray | None = None, outer_ver: np.ndarray | None = None,
                             outer_udp: np.ndarray | None = None) -> np.ndarray:

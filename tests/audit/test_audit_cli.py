@@ -121,3 +121,22 @@ def test_parquet_of_a_truncated_capture_is_marked_partial(app, tmp_path):
     assert run(app, "tcp", str(kernel_capture("v6_185000.rcv.pcap")), "--parquet", str(whole)).exit_code == 1
     assert read_metadata(whole)["partial"] is False and read_metadata(whole)["error"] is None
     assert run(app, "tcp", str(cut), "--max-flows", "-1").exit_code == 2
+
+
+@needs_tshark
+@needs_tcpdump
+@pytest.mark.parametrize("name", ["erspan2", "gre_ip", "gre_teb"])
+def test_plain_frames_in_a_gre_or_erspan_mirror_are_audited(app, name):
+    # a tunnel the normalized copy cannot rewrite used to put every frame in "not audited" (a mirror-port capture
+    # could never come out clean); only the frames whose inner packet needs normalizing (here an MLD report with
+    # a Hop-by-Hop header) stay unaudited
+    from pathlib import Path
+
+    cap = Path(__file__).resolve().parents[1] / "fixtures" / "wrapped" / f"{name}.pcap"
+    r = run(app, "proto gre", str(cap), "--json")
+    doc = json.loads(r.stdout)
+    na = sum(doc["not_audited"].values())
+    assert na == len(tshark_frames(cap, "ipv6.hopopts or ipv6.dstopts or ipv6.routing"))
+    # matched counts every frame (libpcap's verdict), truth only the audited ones: all GRE here
+    assert doc["matched"] == tcpdump_count(cap, "proto gre") == doc["truth"] + na > 20
+    assert doc["missed"] == doc["false_matches"] == 0
