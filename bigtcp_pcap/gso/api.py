@@ -89,6 +89,7 @@ class _Tally:
 
     def __init__(self) -> None:
         self.c = {k: np.zeros(0, np.int64) for k in self.NAMES}
+        self.no_flow = dict.fromkeys(ACTION_NAMES, 0)  # inputs without a TCP flow (UDP, ARP, ...) by action
 
     def _grow(self, n: int) -> None:
         for k, v in self.c.items():
@@ -116,6 +117,7 @@ class _Tally:
                            (ACTION_RESEGMENTED, "resegmented"), (ACTION_DROPPED, "dropped")):
             sel = first & (eb.action == code)
             c[name] += np.bincount(eb.flow_id[sel], minlength=size)
+            self.no_flow[name] += int(((eb.out_index == 0) & ~o & (eb.action == code)).sum())
         if ofid.size:
             np.maximum.at(c["max_frame_out"], eb.flow_id[kept], eb.frame_len[kept].astype(np.int64))
 
@@ -219,7 +221,8 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
     sink.close(meta)
     if sink_sp is not None:
         sink_sp.close(meta)
-    summary = _summary(info, prof, c, flows, inputs, note, error, sp_rows if gro is not None else None)
+    summary = _summary(info, prof, c, flows, inputs, note, error, sp_rows if gro is not None else None,
+                       tally.no_flow)
     result = EgressResult(outdir=out, info=info, profile=prof, summary=summary, error=error)
     if tmp is not None:
         result._tmp = weakref.finalize(result, shutil.rmtree, tmp, ignore_errors=True)
@@ -227,7 +230,7 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
 
 
 def _summary(info: CaptureInfo, prof: EgressProfile, c: dict, flows: FlowTable, inputs: int, note: str | None,
-             error: CaptureError | None, sp_rows: int | None) -> dict[str, Any]:
+             error: CaptureError | None, sp_rows: int | None, no_flow: dict[str, int]) -> dict[str, Any]:
     flow_rows = []
     live = np.flatnonzero(c["payload_in"] > 0)
     for f, key in zip(live.tolist(), flows.keys(live)):
@@ -249,7 +252,8 @@ def _summary(info: CaptureInfo, prof: EgressProfile, c: dict, flows: FlowTable, 
                     "partial": error is not None, "error": error.one_line() if error else None},
         "profile": prof.to_metadata(),
         "frames_in": inputs, "super_packets_in": int(c["super_packets_in"].sum()),
-        "inputs_by_action": {a: int(c[a].sum()) for a in ACTION_NAMES},
+        "inputs_by_action": {a: int(c[a].sum()) + no_flow[a] for a in ACTION_NAMES},  # every frame, TCP or not
+        "inputs_without_tcp_flow": sum(no_flow.values()),
         "flows": flow_rows,
         "bytes_conserved": all(r["bytes_conserved"] for r in flow_rows if r["dropped"] == 0),
         "note": note,

@@ -32,7 +32,8 @@ from .config import EgressProfile
 ACTION_PASSED, ACTION_SEGMENTED, ACTION_RESEGMENTED, ACTION_DROPPED = 0, 1, 2, 3
 ACTION_NAMES = ("passed", "segmented", "resegmented", "dropped")
 REASON_NONE, REASON_SIZE, REASON_SEGS, REASON_TSO_OFF, REASON_MTU, REASON_FIXEDID = 0, 1, 2, 3, 4, 5
-REASON_NAMES = ("none", "gso_max_size", "gso_max_segs", "tso_off", "mtu", "fixedid_df0")
+REASON_NOT_TCP = 6  # passed as it is: a non-TCP frame larger than the MTU (a UDP GSO skb), outside the model
+REASON_NAMES = ("none", "gso_max_size", "gso_max_segs", "tso_off", "mtu", "fixedid_df0", "not_tcp_gso")
 IPV6_MAXPLEN = 65535
 
 COLUMN_TYPES: dict[str, type] = {
@@ -201,6 +202,10 @@ class EgressEngine:
         cut &= ~failed
         hdr = G.g9_header_len(pb.l4_off.astype(np.int64), pb.tcp_hdr_len.astype(np.int64), strip)
         dropped = (pb.ip_version > 0) & G.g12_mtu_drop(is_gso, pb.ip_len.astype(np.int64), prof.mtu)
+        # IP fragments a datagram before the TX tap, so a non-TCP frame above the MTU there is a GSO skb (UDP GSO:
+        # QUIC, WireGuard); its segment size is not in the capture, so it is not cut here, and not dropped
+        not_tcp = dropped & (pb.l4_proto != 6)
+        dropped &= ~not_tcp
 
         unit = segs.copy()  # segments per output
         unit[cut] = 1
@@ -213,6 +218,7 @@ class EgressEngine:
                                                                    REASON_TSO_OFF))
         reason = np.where(software, reason, REASON_NONE)
         reason[dropped] = REASON_MTU
+        reason[not_tcp] = REASON_NOT_TCP
         reason[failed] = REASON_FIXEDID
 
         # expand: output j of input i

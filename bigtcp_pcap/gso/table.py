@@ -23,7 +23,8 @@ EGRESS_SCHEMA = pa.schema([
 """Columns: ``source_frame`` (the sender's frame this row came from), ``out_index`` (k-th output of it),
 ``seq`` raw, ``frame_len`` as tcpdump on the egress device records it, ``gso_segs`` (1: a plain packet),
 ``action`` passed/segmented/resegmented/dropped, ``reason`` why it was cut (gso_max_size, gso_max_segs,
-tso_off, mtu; none when passed)."""
+tso_off, mtu; none when passed; not_tcp_gso: a non-TCP frame above the MTU, a UDP GSO skb whose segment size
+the capture does not hold, passed as it is)."""
 
 
 def egress_columns(eb: EgressBatch, flows) -> dict:

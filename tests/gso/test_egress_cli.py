@@ -123,3 +123,29 @@ def test_then_gro_equals_gro_on_the_real_b1_capture(tmp_path, name):
     got, want = rows(res.superpackets), rows(real)
     assert sum(want.values()) > 5 and got == want
     assert res.summary["superpackets_after_gro"] == len(res.superpackets)
+
+
+def test_udp_gso_is_not_a_drop_and_every_frame_is_counted(tmp_path):
+    # a UDP datagram above the MTU on a TX tap is a UDP GSO skb (IP fragments before the tap): it was predicted
+    # "dropped (mtu)" while the summary, which counted TCP flows only, said "dropped 0"
+    import struct
+
+    import craft as C
+    from oracle import KERNEL, write_pcap
+
+    from bigtcp_pcap.capture.reader import CaptureReader
+
+    a0 = EGRESS_DIR / "v4_segs24.a0.pcap.xz"  # a kernel BIG TCP sender's skbs, then three UDP GSO skbs
+    tcp = [(rb.packet(i), int(rb.wirelen[i])) for rb in CaptureReader(a0) for i in range(len(rb))]
+    udp = struct.pack(">HHHH", 4433, 443, 8 + 24000, 0) + bytes(24000)
+    cap = write_pcap(tmp_path / "udp_gso.pcap", [*tcp, *[C.eth(0x0800) + C.ipv4(len(udp), proto=17) + udp] * 3])
+    res = bigtcp_pcap.egress(cap, outdir=tmp_path / "o")
+    t = pq.read_table(tmp_path / "o" / "egress.parquet").to_pydict()
+    rows = [(a, r) for a, r, f in zip(t["action"], t["reason"], t["source_frame"], strict=True) if f > len(tcp)]
+    assert rows == [("passed", "not_tcp_gso")] * 3
+    assert res.summary["inputs_by_action"]["dropped"] == 0 and res.summary["inputs_without_tcp_flow"] >= 3
+    assert sum(res.summary["inputs_by_action"].values()) == res.summary["frames_in"] == len(tcp) + 3
+    # a kernel VXLAN sender capture: UDP (the tunnel's outer header) and ARP frames are counted by action too
+    vx = bigtcp_pcap.egress(KERNEL / "linktypes" / "vxlan.snd.pcap", outdir=tmp_path / "v")
+    assert sum(vx.summary["inputs_by_action"].values()) == vx.summary["frames_in"] > 600
+    assert vx.summary["inputs_without_tcp_flow"] > 0
