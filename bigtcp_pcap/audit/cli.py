@@ -69,8 +69,13 @@ def audit_filter(
     try:
         result = audit_capture(expr, capture)
     except BigtcpError as e:  # FilterError, LibpcapMissing (usage, 2), CaptureError (3)
-        msg = (f"bad filter expression {expr!r}: {e.for_linktype()}{_hint(e)}" if isinstance(e, FilterError)
-               else e.one_line())
+        if isinstance(e, FilterError) and "unknown data link type" in e.message:  # the capture's, not the filter's
+            msg = (f"{capture}: libpcap knows no link type {e.linktype}, so no filter can be compiled for its "
+                   f"frames ({e.message})")
+        elif isinstance(e, FilterError):
+            msg = f"bad filter expression {expr!r}: {e.for_linktype()}{_hint(e)}"
+        else:
+            msg = e.one_line()
         raise _fail(msg, e.exit_code) from None
     if parquet is not None:
         import pyarrow.parquet as pq

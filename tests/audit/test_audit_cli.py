@@ -140,3 +140,16 @@ def test_plain_frames_in_a_gre_or_erspan_mirror_are_audited(app, name):
     # matched counts every frame (libpcap's verdict), truth only the audited ones: all GRE here
     assert doc["matched"] == tcpdump_count(cap, "proto gre") == doc["truth"] + na > 20
     assert doc["missed"] == doc["false_matches"] == 0
+
+
+@needs_tcpdump
+def test_a_link_type_libpcap_does_not_know_is_the_captures_fault_not_the_filters(app, tmp_path):
+    # it read "bad filter expression 'tcp': unknown data link type 9999", without the file
+    raw = bytearray(kernel_capture("v6_185000.rcv.pcap").read_bytes())
+    raw[20:24] = (9999).to_bytes(4, "little")
+    cap = tmp_path / "lt9999.pcap"
+    cap.write_bytes(bytes(raw))
+    r = run(app, "tcp", str(cap))
+    assert r.exit_code == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert str(cap) in line and "libpcap knows no link type 9999" in line and "bad filter" not in line
