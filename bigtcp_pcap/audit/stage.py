@@ -41,7 +41,7 @@ class FilterAudits:
         self.spill_dir = spill_dir
         self.explicit = filters is not None
         self.default_port = default_port
-        self.exprs = list(filters) if filters else []
+        self.exprs = list(dict.fromkeys(filters)) if filters else []  # a filter given twice is audited once
         self.enabled = enabled and (self.explicit or True)
         self.audits: list[FilterAudit] = []
         self.note: str | None = None

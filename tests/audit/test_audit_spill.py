@@ -48,3 +48,16 @@ def test_spilled_audit_rows_equal_the_in_memory_run(tmp_path, monkeypatch, name)
     assert sorted(p.name for p in (tmp_path / "spilled").iterdir()) == sorted(
         p.name for p in (tmp_path / "whole").iterdir())
     json.dumps(spilled.summary)
+
+
+def test_a_filter_given_twice_is_audited_once(tmp_path):
+    # --filter tcp --filter tcp doubled every row of filter_audit.parquet and the summary's results
+    from oracle import KERNEL
+
+    cap = KERNEL / "v6_185000.rcv.pcap"
+    once = analyze(cap, outdir=tmp_path / "once", filters=["tcp"])
+    twice = analyze(cap, outdir=tmp_path / "twice", filters=["tcp", "tcp"])
+    assert pq.read_table(tmp_path / "twice" / "filter_audit.parquet").equals(
+        pq.read_table(tmp_path / "once" / "filter_audit.parquet"))
+    assert [r["expr"] for r in twice.summary["filter_audit"]["results"]] == ["tcp"] == \
+        [r["expr"] for r in once.summary["filter_audit"]["results"]]
