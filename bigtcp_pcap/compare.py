@@ -38,7 +38,7 @@ import numpy as np
 from .capture.reader import CaptureReader
 from .capture.source import Source
 from .decode import PacketBatch, decode
-from .errors import OutputError, UsageError, make_outdir
+from .errors import CaptureError, OutputError, UsageError, make_outdir
 from .gro import GroConfig, SuperPacketBatch
 from .gro.reasons import REASON_NAMES
 from .gro.stage import GroStage
@@ -66,6 +66,12 @@ class Comparison:
     flows: list[dict[str, Any]]
     rows: dict[str, list] = field(repr=False)
     fit: list[dict[str, Any]] | None = None
+    errors: list[str] = field(default_factory=list)  # faults that ended a capture early (one line each)
+
+    @property
+    def partial(self) -> bool:
+        """A capture ended at a fault: the comparison covers the packets before it."""
+        return bool(self.errors)
 
     @property
     def share(self) -> float:
@@ -76,7 +82,8 @@ class Comparison:
         out = {"sender": self.sender, "receiver": self.receiver, "receiver_host": self.receiver_host,
                "receiver_superpackets": self.receiver_superpackets, "reproduced": self.reproduced,
                "share": round(self.share, 6), "rebuilt_superpackets": self.rebuilt_superpackets,
-               "causes": self.causes, "rebuilt_causes": self.rebuilt_causes, "flows": self.flows, "gro": self.config.to_metadata()}
+               "causes": self.causes, "rebuilt_causes": self.rebuilt_causes, "flows": self.flows,
+               "gro": self.config.to_metadata(), "partial": self.partial, "errors": self.errors}
         if self.fit is not None:
             out["fit"] = self.fit
             best = max(self.fit, key=lambda r: r["share"])
@@ -93,10 +100,24 @@ class _Side:
     dmac: np.ndarray  # uint64 destination MAC per frame (0 where the link type has none)
 
 
-def _load(path: str | os.PathLike) -> _Side:
+def _batches(path: str | os.PathLike, errors: list[CaptureError] | None):
+    """The capture's record batches; a fault after the first record ends them and goes into ``errors`` (the
+    comparison covers the packets before it, as analyze's tables do); one before any record is raised."""
+    reader = CaptureReader(path)  # a file that cannot be opened: raised here
+    read = 0
+    try:
+        for rb in reader:
+            read += len(rb)
+            yield rb
+    except CaptureError as e:
+        if errors is None or read == 0:
+            raise
+        errors.append(e)
+
+
+def _load(path: str | os.PathLike, errors: list[CaptureError] | None = None) -> _Side:
     parts, macs = [], []
-    reader = CaptureReader(path)
-    for rb in reader:
+    for rb in _batches(path, errors):
         pb, _ = decode(rb)
         parts.append(pb)
         mac = np.zeros(len(rb), np.uint64)
@@ -105,7 +126,7 @@ def _load(path: str | os.PathLike) -> _Side:
             b = rb.buf[rb.off[eth, None] + np.arange(6)[None, :]].astype(np.uint64)
             mac[eth] = (b << (np.arange(5, -1, -1, dtype=np.uint64) * np.uint64(8))[None, :]).sum(axis=1)
         macs.append(mac)
-    return _Side(reader.info.name, PacketBatch.concat(parts),
+    return _Side(str(path), PacketBatch.concat(parts),
                  np.concatenate(macs) if macs else np.zeros(0, np.uint64))
 
 
@@ -176,14 +197,14 @@ def _flow_ids(pb: PacketBatch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
-            host_addrs: set[bytes]) -> tuple[SuperPacketBatch, np.ndarray]:
+            host_addrs: set[bytes], errors: list[CaptureError] | None = None) -> tuple[SuperPacketBatch, np.ndarray]:
     """``analyze``'s GRO stage over the sender capture, the receiving host's rows only: (rows, flow keys by
-    flow_id)."""
+    flow_id). ``errors``: where a fault after the first record goes (the rows cover the packets before it)."""
     stage = GroStage(cfg)
     ids: dict[bytes, int] = {}
     keys: list[bytes] = []
     parts = []
-    for rb in CaptureReader(sender):
+    for rb in _batches(sender, errors):
         pb, _ = decode(rb)
         tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
         k = _flow_keys(pb)
@@ -314,17 +335,18 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
     cfg = gro if gro is not None else GroConfig(**gro_params)
     if str(sender) != "-":  # the receiver is read first (it names the receiving host): a sender that cannot be
         Source(sender).close()  # opened is still reported first, as the arguments come
-    rcv = _load(receiver)
+    errors: list[CaptureError] = []
+    rcv = _load(receiver, errors)
     mac, addrs, host = _receiving_host(rcv)
     rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))
-    sim, keys = rebuild(sender, cfg, mac, addrs)
+    sim, keys = rebuild(sender, cfg, mac, addrs, errors)
     reproduced, k_only, s_only, kernel = _match(rcv_in, sim, keys)
     causes, sim_causes, row_cause = _classify(k_only, s_only)
     res = Comparison(sender=str(sender), receiver=str(receiver), config=cfg, receiver_host=host,
                      receiver_superpackets=len(kernel), rebuilt_superpackets=len(sim), reproduced=reproduced,
                      causes={c: int(causes.get(c, 0)) for c in CAUSES},
                      rebuilt_causes={c: int(sim_causes.get(c, 0)) for c in CAUSES}, flows=_per_flow(kernel, k_only),
-                     rows=_rows(kernel, k_only, s_only, row_cause))
+                     rows=_rows(kernel, k_only, s_only, row_cause), errors=[e.one_line() for e in errors])
     if fit:
         res.fit = _fit(sender, cfg, mac, addrs, rcv_in, len(kernel))
     if outdir is not None:
@@ -340,7 +362,7 @@ def _fit(sender: str | os.PathLike, cfg: GroConfig, mac: bytes | None, addrs: An
 
     def run(gap: float, push: float) -> None:
         c2 = dataclasses.replace(cfg, poll_gap_us=gap, poll_push_gap_us=push)
-        sim2, keys2 = rebuild(sender, c2, mac, addrs)
+        sim2, keys2 = rebuild(sender, c2, mac, addrs, [])  # (a fault: reported once, by the first rebuild)
         rep2 = _match(rcv_in, sim2, keys2)[0]
         out.append({"poll_gap_us": gap, "poll_push_gap_us": "inf" if math.isinf(push) else push,
                     "reproduced": rep2, "share": round(rep2 / n_kernel, 6) if n_kernel else 1.0,

@@ -30,7 +30,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rebuild the receiver's GRO super-packets from the sender's capture and compare them with the real ones.
 
-        Exit 0 whenever the comparison ran, whatever the share (2: bad options, 3: unreadable capture).
+        Exit 0 whenever the comparison ran, whatever the share (2: bad options, 3: an unreadable capture, or
+        one that ends at a fault: the comparison of the packets before it is printed and written, marked
+        partial).
 
         Example: bigtcp-pcap compare sender.pcap receiver.pcap --gro-max-size 185000 --fit
         """
@@ -45,8 +47,10 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(e), EXIT_USAGE) from None
         if as_json:
             typer.echo(json.dumps(res.to_json()))
-            return
-        _render(res)
+        else:
+            _render(res)
+        if res.errors:  # the comparison covers the packets before the fault; one line, as analyze says it
+            raise _fail(f"{res.errors[0]} (compared the packets before it)", EXIT_CAPTURE)
 
 
 

@@ -152,3 +152,32 @@ def test_compare_across_link_types(tmp_path, side):
     got = compare(snd, rcv, gro=cfg)
     assert ref.reproduced > 0.9 * ref.receiver_superpackets
     assert (got.reproduced, got.receiver_superpackets) == (ref.reproduced, ref.receiver_superpackets)
+
+
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_compare_a_truncated_capture_covers_the_packets_before_the_fault(tmp_path, side):
+    # a capture cut mid-record was refused (exit 3, nothing compared, no compare.parquet); now the packets before
+    # the fault are compared, exactly as a file holding just those records, and the result is marked partial
+    import re
+
+    name = "v6_185000"
+    cfg = KP.pair_config(json.loads((KP.KERNEL_DIR / f"{name}.json").read_text()))
+    paths = {"sender": KP.KERNEL_DIR / f"{name}.snd.pcap", "receiver": KP.KERNEL_DIR / f"{name}.rcv.pcap"}
+    raw = paths[side].read_bytes()
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes(raw[: int(len(raw) * 0.6)])
+    r = CliRunner().invoke(app, ["compare", str(paths["sender"] if side == "receiver" else cut),
+                                 str(cut if side == "receiver" else paths["receiver"]), "--json", "-o",
+                                 str(tmp_path / "o"), "--gro-max-size", "185000"])
+    assert r.exit_code == 3, r.output
+    doc = json.loads(r.stdout)
+    (err,) = doc["errors"]
+    assert doc["partial"] is True and "cut.pcap (frame " in err
+    whole = tmp_path / "prefix.pcap"  # the records before the fault, as a well-formed file
+    whole.write_bytes(raw[: int(re.search(r"byte offset (\d+)", err).group(1))])
+    ref = compare(*((paths["sender"], whole) if side == "receiver" else (whole, paths["receiver"])), gro=cfg)
+    assert not ref.partial and ref.receiver_superpackets > 0
+    assert (doc["reproduced"], doc["receiver_superpackets"], doc["rebuilt_superpackets"]) == \
+        (ref.reproduced, ref.receiver_superpackets, ref.rebuilt_superpackets)
+    meta = json.loads(pq.read_metadata(tmp_path / "o" / "compare.parquet").metadata[b"bigtcp_pcap.compare"])
+    assert meta["partial"] is True
