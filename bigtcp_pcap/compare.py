@@ -16,6 +16,8 @@ overlapping sequence ranges, and each cluster gets a cause:
   thing a capture does not record (gro-spec section 7.1);
 * ``rule``: the same bytes, every kernel cut is also a rebuild cut, but the rebuild cut more, for a rule's
   reason (a size limit, an option or flag change, ...): a rule or a setting disagrees;
+* ``not_merged``: as ``rule``, but every extra cut is a packet the rebuild delivered alone (``not_mergeable_alone``:
+  a tunnelled flow, which the model does not merge (R19), or IP options/flags, R5/R9/R12): no setting helps;
 * ``drop_or_retransmission``: the two sides do not carry the same bytes (a segment lost between the two capture
   points, a retransmission, or a capture drop).
 
@@ -43,7 +45,7 @@ from .gro import GroConfig, SuperPacketBatch
 from .gro.reasons import REASON_NAMES
 from .gro.stage import GroStage
 
-CAUSES = ("poll_boundary", "rule", "drop_or_retransmission")
+CAUSES = ("poll_boundary", "rule", "not_merged", "drop_or_retransmission")
 POLL_REASONS = frozenset({"napi_poll", "end_of_capture"})  # cuts made by the poll model, not by a rule
 FIT_POLL_GAP_US = (5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 75.0, 100.0, 200.0)
 FIT_PUSH_GAP_US = (2.0, 4.0, 6.0, 8.0, 12.0, math.inf)  # searched at the best poll gap (R21.2b; inf: off)
@@ -282,6 +284,8 @@ def _classify(kernel_only: dict, sim_only: dict) -> tuple[collections.Counter, c
                 extra = [why for s, ln, why in ss if s + ln not in kcuts]
                 rule = any(w not in POLL_REASONS for w in extra) and kcuts <= scuts
                 cause = "rule" if rule else "poll_boundary"
+                if rule and all(w == "not_mergeable_alone" for w in extra if w not in POLL_REASONS):
+                    cause = "not_merged"  # the rebuild gave the packets up (R19 tunnels, R5/R9/R12): no setting
             else:
                 cause = "drop_or_retransmission"
             causes[cause] += len(ks)

@@ -71,6 +71,8 @@ def _render(res) -> None:
     if missed:
         words = {"poll_boundary": "a NAPI poll ended elsewhere (a capture does not record poll boundaries)",
                  "rule": "the rebuild cut for a rule or limit where the kernel did not (check the settings)",
+                 "not_merged": "the rebuild delivered these packets alone where the kernel merged them (a tunnelled "
+                               "flow, outside the model: R19; or IP options/flags: R5/R9/R12)",
                  "drop_or_retransmission": "the two captures do not carry the same bytes (drops, retransmits)"}
         for cause, n in res.causes.items():
             if n:
