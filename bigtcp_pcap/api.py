@@ -193,6 +193,14 @@ def whatif_input(source, cfg: GroConfig, gro_engine: str = "compiled",
     return run.whatif
 
 
+def flow_timeout_ns(name: str, seconds: Any) -> int:
+    """A flow timeout in ns; a UsageError naming ``name`` outside 1 us to 1e9 s (inf and 1e10 s overflowed the
+    int64 clock; 1e-12 s rounded to 0)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 1e-6 <= seconds <= 1e9:
+        raise UsageError(f"{name} must be between 1e-6 and 1e9 seconds, got {seconds!r}")
+    return round(seconds * 1e9)
+
+
 class _Run:
     """The state of one ``analyze`` run: the reader, the stages, the sinks, and why the tables are partial."""
 
@@ -217,7 +225,8 @@ class _Run:
         # the per-frame audit rows beyond what is kept in memory go to the output directory
         self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port, spill_dir=self.out)
         idle, close = flow_timeouts_s
-        self.flows = FlowTable(idle_timeout_ns=round(idle * 1e9), close_timeout_ns=round(close * 1e9))
+        self.flows = FlowTable(idle_timeout_ns=flow_timeout_ns("flow_idle_timeout_s", idle),
+                               close_timeout_ns=flow_timeout_ns("flow_close_timeout_s", close))
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
         self.stats = _Stats()

@@ -35,7 +35,7 @@ from .gro.config import GroConfig
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Decode BIG TCP captures, rebuild Linux GRO super-packets, audit capture filters.")
-err = Console(stderr=True, soft_wrap=True)  # a message is one line, however long its paths
+err = Console(stderr=True, soft_wrap=True, emoji=False)  # one line, however long its paths; ":x:" is not an emoji
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_CAPTURE, EXIT_OUTPUT = 0, 1, 2, 3, 4
 
@@ -138,9 +138,10 @@ def analyze(
     try:
         try:
             cfg = gro if gro is not None else GroConfig()
-            if not (flow_idle_timeout > 0 and flow_close_timeout > 0):
-                raise ValueError(f"--flow-idle-timeout and --flow-close-timeout must be > 0 s, got "
-                                 f"{flow_idle_timeout} and {flow_close_timeout}")
+            from .api import flow_timeout_ns
+
+            flow_timeout_ns("--flow-idle-timeout", flow_idle_timeout)  # UsageError outside 1 us .. 1e9 s
+            flow_timeout_ns("--flow-close-timeout", flow_close_timeout)
         except ValueError as e:
             raise UsageError(str(e)) from None
         from .many_cli import check_many, wants_many

@@ -8,6 +8,7 @@ or ``--dask`` -> the ordinary tables, the capture cut at idle gaps and analysed 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +67,33 @@ def check_many(captures: list[str], *, plots: bool, report: bool, wireshark_side
                          f"CAPTURE --plots --report' per capture")
 
 
+def local_workers(address: str) -> int | None:
+    """Workers of a ``--dask local`` / ``local:N`` LocalCluster (2 for ``local``), None for a scheduler address
+    (``localhost:8786`` is one: it was read as local with 8786 workers); a malformed ``local:`` is a usage error."""
+    m = re.fullmatch(r"local(?::(.*))?", address)
+    if m is None:
+        return None
+    if m.group(1) is None:
+        return 2
+    if not m.group(1).isdigit() or int(m.group(1)) < 1:
+        raise UsageError(f"--dask {address}: give local, local:N with N >= 1 workers, or a scheduler address "
+                         "(tcp://HOST:PORT)")
+    return int(m.group(1))
+
+
 def _client(address: str):
     from .extras import dask_distributed
 
     dd = dask_distributed()
-    if address.startswith("local"):  # "local" or "local:N": a LocalCluster of N one-thread workers here
-        n = int(address.split(":", 1)[1]) if ":" in address else 2
+    n = local_workers(address)
+    if n is not None:  # a LocalCluster of n one-thread workers here
         return dd.Client(dd.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                          dashboard_address=None))
-    return dd.Client(address)
+    try:
+        return dd.Client(address)
+    except (ValueError, OSError, TimeoutError) as e:  # a bad address, nothing listening there
+        raise UsageError(f"--dask {address}: cannot reach a Dask scheduler there: "
+                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json: bool, err: Console,
@@ -118,7 +137,7 @@ def run(captures: list[str], outdir: Path, jobs: int, dask: str | None, as_json:
         if client is not None:
             cluster = getattr(client, "cluster", None)
             client.close()
-            if cluster is not None and dask and dask.startswith("local"):
+            if cluster is not None and dask and local_workers(dask) is not None:
                 cluster.close()
     s = m.summary
     if as_json:

@@ -281,3 +281,26 @@ def test_sidecar_from_stdin_is_a_usage_error_before_any_work(tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     (line,) = error_lines(res)
     assert "--wireshark-sidecar needs a capture file" in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("bad", [["--flow-close-timeout", "inf"], ["--flow-idle-timeout", "1e10"],
+                                 ["--flow-idle-timeout", "1e-12"], ["--rx-queues", "9223372036854775807"],
+                                 ["--gro-hash-buckets", "9223372036854775807"], ["--dask", "local:x"],
+                                 ["--dask", "local:0"]])
+def test_out_of_range_options_are_one_usage_line(tmp_path, bad):
+    # each was a traceback (OverflowError, ValueError "array is too big", int("x")); ":x" printed as an emoji
+    res = cli("analyze", SND, "-o", tmp_path / "out", "--no-progress", *bad)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    (line,) = error_lines(res)
+    assert line.startswith("bigtcp-pcap: ") and bad[0] in line and ":x:" not in line.replace("local:x:", "")
+
+
+def test_dask_scheduler_addresses_are_not_local_clusters():
+    # "localhost:8786" started a LocalCluster of 8786 worker processes
+    from bigtcp_pcap.errors import UsageError
+    from bigtcp_pcap.many_cli import local_workers
+
+    assert [local_workers(a) for a in ("local", "local:3", "localhost:8786", "tcp://10.0.0.1:8786")] == \
+        [2, 3, None, None]
+    with pytest.raises(UsageError):
+        local_workers("local:")

@@ -43,7 +43,7 @@ NOT_AUDITED_HELP = {
 
 
 def _fail(msg: str, code: int) -> typer.Exit:
-    Console(stderr=True).print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
+    Console(stderr=True, emoji=False).print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -103,8 +103,8 @@ class GroConfig:
             raise ValueError(f"poll_push_gap_us must be a number >= 0 (math.inf: no push-gap rule), got {pgap!r}")
         _check_int("gro_flush_timeout_ns", self.gro_flush_timeout_ns, 0)
         _check_int("napi_defer_hard_irqs", self.napi_defer_hard_irqs, 0)
-        _check_int("rx_queues", self.rx_queues, 1)
-        _check_int("gro_hash_buckets", self.gro_hash_buckets, 1)
+        _check_int("rx_queues", self.rx_queues, 1, 65536)  # (a device has at most a few thousand)
+        _check_int("gro_hash_buckets", self.gro_hash_buckets, 1, 65536)  # (the kernel's GRO_HASH_BUCKETS is 8)
         if not (self.max_gro_skbs == math.inf or (isinstance(self.max_gro_skbs, int)
                                                   and not isinstance(self.max_gro_skbs, bool)
                                                   and self.max_gro_skbs >= 1)):
@@ -176,7 +176,7 @@ def _check_size(name: str, v: Any) -> None:
         raise ValueError(f"{name} must be an int in 1..{GRO_MAX_SIZE} (the kernel's GRO_MAX_SIZE), got {v!r}")
 
 
-def _check_int(name: str, v: Any, lo: int | None) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo):
-        bound = "" if lo is None else f" >= {lo}"
+def _check_int(name: str, v: Any, lo: int | None, hi: int | None = None) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or (lo is not None and v < lo) or (hi is not None and v > hi):
+        bound = "" if lo is None else f" >= {lo}" if hi is None else f" from {lo} to {hi}"
         raise ValueError(f"{name} must be an int{bound}, got {v!r}")

@@ -23,7 +23,7 @@ EXIT_CLEAN, EXIT_USAGE, EXIT_CAPTURE = 0, 2, 3
 
 
 def _fail(msg: str, code: int) -> typer.Exit:
-    Console(stderr=True).print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
+    Console(stderr=True, emoji=False).print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
