@@ -464,8 +464,12 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
     order = [i for i in order if flow_cols["payload_bytes"][i] > 0][:top]
     runs: dict[str, SuperPacketBatch] = {}
     base = None
+    # what-ifs compare the timing model with and without a change: the ACK evidence records where the capture's
+    # own receiver, at its own settings, ended its super-packets, and under another setting it would pin the
+    # same ends (a 65536 receiver's ACKed size-limit ends stayed poll ends at 185000: no gain shown)
+    wcfg = replace(cfg, ack_evidence=False)
     if whatif is not None and whatif.kept:
-        base = whatif.run(cfg, engine)
+        base = whatif.run(wcfg, engine)
     flows_out = []
     for i in order:
         fid = int(flow_cols["flow_id"][i])
@@ -510,7 +514,7 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
             else:
                 entry["knob"] = REASON_TEXT.get(name, ("", None))[1]
             if base is not None and entry["share"] >= 0.01:
-                for knob, desc, cfg2 in _whatif_configs(name, ver, cfg):
+                for knob, desc, cfg2 in _whatif_configs(name, ver, wcfg):
                     if desc not in runs:
                         runs[desc] = whatif.run(cfg2, engine)
                     before, after = _flow_stats(base, fid), _flow_stats(runs[desc], fid)
@@ -535,7 +539,9 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
                               "note": ("what-ifs re-run the GRO stage on all decoded packets" if whatif.kept ==
                                        whatif.seen else f"what-ifs re-run the GRO stage on the first "
                                        f"{whatif.kept:,} of {whatif.seen:,} packets (before/after on the same "
-                                       "packets)")}
+                                       "packets)") + (", by timing alone: the ACK evidence records the capture's "
+                                                      "own receiver at its own settings"
+                                                      if cfg.ack_evidence else "")}
     return d
 
 

@@ -120,11 +120,18 @@ def test_what_if_equals_a_full_run_with_the_knob_changed(name, ver, kw, knob, ch
     a = analyze(cap, audit=False, **kw)
     flow = next(f for f in a.summary["diagnosis"]["flows"] if f["ip_version"] == ver)
     k = next(k for r in flow["reasons"] for k in r["knobs"] if k["knob"] == knob)
-    b = analyze(cap, audit=False, **changed)
-    for got, run in ((k["before"], a), (k["after"], b)):
+    # both sides of a what-if are the timing model alone (the ACK evidence is the capture's own receiver)
+    a0 = analyze(cap, audit=False, ack_evidence=False, **kw)
+    b = analyze(cap, audit=False, ack_evidence=False, **changed)
+    for got, run in ((k["before"], a0), (k["after"], b)):
         n, p50, mx = _flow_rebuilt(run, flow["flow_id"])
         assert (got["superpackets"], got["p50_l3_len"], got["max_l3_len"]) == (n, p50, mx)
     assert a.summary["diagnosis"]["what_if_input"]["packets"] == a.info.packets
+    # where the sender's bursts allow it the change shows a gain (with the evidence it did not: the ACKed ends of
+    # the capture's own receiver pinned the cuts); v6_65536's sender ends its bursts at 64 KiB itself
+    if name != "v6_65536":
+        assert k["after"]["max_l3_len"] > k["before"]["max_l3_len"] or \
+            k["after"]["p50_l3_len"] > k["before"]["p50_l3_len"]
 
 
 def test_observed_label_keeps_segment_counts_of_the_capture():
