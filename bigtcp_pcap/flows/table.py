@@ -794,7 +794,10 @@ class FlowTable:
         if n:
             t = int(pb.ts_ns.min())
             self._tmin = t if self._tmin is None else min(self._tmin, t)
-        tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & ((pb.status & ST_TRUNC_L4) == 0)
+        # a TCP header cut by the snaplen counts when its 20 fixed bytes are there (ports, sequence numbers, data
+        # offset: the payload length): only options missing is a headers-only capture, not a lost packet
+        tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.ip_version > 0) & (
+            ((pb.status & ST_TRUNC_L4) == 0) | (pb.caplen.astype(np.int64) >= pb.l4_off.astype(np.int64) + 20))
         src = np.ascontiguousarray(pb.src).view(np.uint64)  # (n, 2) words
         dst = np.ascontiguousarray(pb.dst).view(np.uint64)
         i = 0
