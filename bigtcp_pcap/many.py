@@ -424,4 +424,16 @@ def analyze_many(paths: Iterable[str | os.PathLike], outdir: str | os.PathLike, 
             shutil.rmtree(tmp, ignore_errors=True)
             results[i] = r
     shutil.rmtree(work, ignore_errors=True)
+    _drop_stale_partitions(out, set(names))
     return ManyAnalysis(outdir=out, captures=[r for r in results if r is not None])
+
+
+def _drop_stale_partitions(out: Path, names: set[str]) -> None:
+    """Remove the ``capture=`` partitions an earlier run left in the dataset: a reader of ``OUTDIR/<table>`` would
+    count them with this run's captures (the summary would say 2 captures, the tables hold 3)."""
+    for table in out.iterdir():
+        if not table.is_dir() or table.name.startswith("_"):
+            continue
+        for part in table.glob("capture=*"):
+            if part.is_dir() and part.name[len("capture="):] not in names:
+                shutil.rmtree(part, ignore_errors=True)

@@ -517,3 +517,14 @@ def test_malloc_maps_tables_and_keeps_batches_on_the_heap(trim):
     got = json.loads(r.stdout)
     want_default = [True, True, True] if trim else [True, False, False]
     assert got == {"default": want_default, "changed": True, "tuned": [True, True, False]}
+
+
+def test_a_dataset_run_replaces_the_partitions_of_an_earlier_one(tmp_path):
+    # a second run into the same OUTDIR left the first run's capture= partitions: pandas read 3 captures' flows
+    # where the summary said 2
+    out = tmp_path / "ds"
+    analyze_many([KERNEL / "v6_185000.rcv.pcap", KERNEL / "traced" / "v6_185000.rcv.pcap"], out, audit=False)
+    m = analyze_many([KERNEL / "v6_185000.rcv.pcap", KERNEL / "v4_185000.rcv.pcap"], out, audit=False)
+    flows = pd.read_parquet(out / "flows")
+    assert sorted(flows["capture"].astype(str).unique()) == sorted(c["name"] for c in m.captures)
+    assert len(flows) == sum(c["summary"]["flows"] for c in m.captures) > 0
