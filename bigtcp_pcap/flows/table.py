@@ -379,6 +379,8 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
         if F[f, F_PACKETS] == 0:
             F[f, F_FIRST] = np.int64(frame[i])
             F[f, F_TS0] = t
+        elif t < F[f, F_TS0]:  # a clock that steps back: the flow spans its earliest to its latest time
+            F[f, F_TS0] = t
         F[f, F_PACKETS] += 1
         pl = np.int64(plen[i])
         F[f, F_PAYLOAD] += pl
@@ -387,7 +389,8 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             F[f, F_BIG] += 1
         if pl > F[f, F_MAXP]:  # noqa: PLR1730 - no store in the common case
             F[f, F_MAXP] = pl
-        F[f, F_TS1] = t
+        if t > F[f, F_TS1] or F[f, F_PACKETS] == 1:
+            F[f, F_TS1] = t
         F[f, F_LASTFRAME] = np.int64(frame[i])
         fl = np.int64(flags[i])
         if (fl & TH_SYN) and mss[i] > 0:

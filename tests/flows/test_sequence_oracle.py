@@ -177,3 +177,27 @@ def test_flows_of_a_capture_whose_tcp_options_are_cut(tmp_path, name, snaplen):
     fl = analyze(cut, outdir=tmp_path / "o", audit=False).flows
     got = {(int(r.sport), int(r.dport)): (int(r.packets), int(r.payload_bytes)) for r in fl.itertuples()}
     assert got == {k: (packets[k], want[k]) for k in packets} and sum(want.values()) > 10**6
+
+
+def test_flow_times_span_earliest_to_latest_when_the_clock_steps_back():
+    # a field capture whose timestamps go backwards (capinfos: not in strict time order) gave a flow whose
+    # ts_first_ns came after its ts_last_ns (first and last record, not earliest and latest)
+    import collections
+
+    from oracle import ROOT
+
+    cap = ROOT / "tests" / "fixtures" / "field" / "kday4.pcap"
+    times = collections.defaultdict(list)
+    for r in tshark_fields(cap, ["ip.src", "ip.dst", "tcp.srcport", "tcp.dstport", "frame.time_epoch"], "tcp"):
+        times[r["ip.src"], r["ip.dst"], int(r["tcp.srcport"]), int(r["tcp.dstport"])].append(
+            round(float(r["frame.time_epoch"]) * 1e6))
+    fl = analyze(cap, audit=False).flows
+    rows = collections.Counter((str(r.src), str(r.dst), int(r.sport), int(r.dport)) for r in fl.itertuples())
+    checked = 0
+    for r in fl.itertuples():
+        k = (str(r.src), str(r.dst), int(r.sport), int(r.dport))
+        if rows[k] == 1:  # (a 5-tuple seen again after its idle timeout is two rows)
+            assert (r.ts_first_ns.value // 1000, r.ts_last_ns.value // 1000) == (min(times[k]), max(times[k]))
+            checked += 1
+    assert checked >= 4 and (fl.ts_last_ns >= fl.ts_first_ns).all()
+    assert any(ts != sorted(ts) for ts in times.values())  # the shape that was wrong
