@@ -415,6 +415,7 @@ class FilterAudit:
         self.raw_header = nz.raw_header_reads(expr)
         self.truth_filters: dict[int, CompiledFilter] = {}
         self.rejected: dict[int, FilterError] = {}  # linktype -> libpcap's rejection
+        self._rejected_frames: Counter[int] = Counter()  # linktype -> its frames left unaudited by that
         self._compiled_any = False
         # the HBH form (what Linux BIG TCP writes), the protochain form, and the form for one extension header of
         # any kind (tried when the HBH form does not verify)
@@ -493,6 +494,7 @@ class FilterAudit:
                 cf = self.filters.for_key(key)
             except FilterError as e:
                 self.rejected.setdefault(LT.split_key(key)[0], e)
+                self._rejected_frames[LT.split_key(key)[0]] += int(sel.size)
                 na[sel] = R_REJECTED
                 continue
             self._compiled_any = True
@@ -597,7 +599,7 @@ class FilterAudit:
             rejected={lt: e.message for lt, e in self.rejected.items()})
         for lt, e in self.rejected.items():
             res.notes.append(f"libpcap rejects this expression for linktype {LT.name(lt)} ({e.message}): its "
-                             f"{self._not_audited.get(REASON_NAMES[R_REJECTED], 0)} frames were not audited")
+                             f"{self._rejected_frames[lt]} frames were not audited")
         if self.raw_header:
             res.judged_on, res.raw_header = "raw", list(self.raw_header)
             res.normalized = {"truth": self._n_alt_truth, "missed": self._n_alt_missed,

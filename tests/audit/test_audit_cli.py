@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 
 import pyarrow.parquet as pq
@@ -153,3 +154,23 @@ def test_a_link_type_libpcap_does_not_know_is_the_captures_fault_not_the_filters
     assert r.exit_code == 2
     (line,) = r.stderr.strip().splitlines()
     assert str(cap) in line and "libpcap knows no link type 9999" in line and "bad filter" not in line
+
+
+@needs_tshark
+def test_rejected_link_types_each_say_their_own_frame_count(app, tmp_path):
+    # every rejected link type's note gave the total of all rejected frames (302 for 147 NULL + 155 SLL2)
+    import subprocess
+
+    from oracle import KERNEL, tshark_fields
+
+    parts = [KERNEL / "linktypes" / "sll2_v6_185000.rcv.pcap", kernel_capture("v6_185000.rcv.pcap"),
+             KERNEL / "linktypes" / "null_from_v6_185000.pcap"]
+    cap = tmp_path / "mixed.pcapng"
+    subprocess.run(["mergecap", "-F", "pcapng", "-w", str(cap), *map(str, parts)], check=True, capture_output=True)
+    encap = collections.Counter(r["frame.encap_type"] for r in tshark_fields(cap, ["frame.encap_type"], prefs=[]))
+    doc = json.loads(run(app, "ether host 1:2:3:4:5:6", str(cap), "--json").stdout)
+    notes = [n for n in doc["notes"] if "libpcap rejects this expression" in n]
+    # tshark's encapsulation numbers: 15 = NULL/loopback, 210 = SLL2 (wiretap's own WTAP_ENCAP values)
+    assert len(notes) == 2
+    assert f"its {encap['15']} frames" in next(n for n in notes if "(NULL)" in n)
+    assert f"its {encap['210']} frames" in next(n for n in notes if "LINUX_SLL2" in n)
