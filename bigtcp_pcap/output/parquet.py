@@ -97,7 +97,9 @@ def packets_table(pb: PacketBatch, flow_id: np.ndarray) -> pa.Table:
     null_when = {  # the ``null`` vocabulary of schema.Column; each mask computed once, when a column needs it
         "ts_unknown": lambda: pb.ts_ns == TS_UNKNOWN, "no_flow": lambda: flow_id < 0,
         "no_ip": lambda: pb.ip_version == 0, "no_jumbo": lambda: ~pb.has_jumbo,
-        "not_l4": lambda: ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))), "not_tcp": lambda: ~is_tcp,
+        "not_l4": lambda: ~(l4 & ((pb.l4_proto == 6) | (pb.l4_proto == 17))  # and the ports captured
+                            & (pb.caplen.astype(np.int64) >= pb.l4_off.astype(np.int64) + 4)),
+        "not_tcp": lambda: ~is_tcp,
         "no_ts": lambda: ~pb.tcp_has_ts, "not_udp": lambda: ~(l4 & (pb.l4_proto == 17)),
     }
     masks: dict[str, np.ndarray] = {}

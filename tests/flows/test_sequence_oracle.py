@@ -201,3 +201,20 @@ def test_flow_times_span_earliest_to_latest_when_the_clock_steps_back():
             checked += 1
     assert checked >= 4 and (fl.ts_last_ns >= fl.ts_first_ns).all()
     assert any(ts != sorted(ts) for ts in times.values())  # the shape that was wrong
+
+
+def test_ports_are_null_when_the_snaplen_cut_them(tmp_path):
+    # at snaplen 54 an IPv6 frame ends with its IP header: packets.parquet said sport 0, dport 0 (tcp_seq was null)
+    import subprocess
+
+    import pandas as pd
+    from oracle import KERNEL
+
+    cut = tmp_path / "s54.pcap"
+    subprocess.run(["editcap", "-s", "54", str(KERNEL / "mixed_185000.rcv.pcap"), str(cut)], check=True,
+                   capture_output=True)
+    pk = analyze(cut, outdir=tmp_path / "o", audit=False, packets=True).packets
+    want = {int(r["frame.number"]): r["tcp.srcport"] for r in tshark_fields(cut, ["frame.number", "tcp.srcport"])}
+    got = {int(f): (None if pd.isna(s) else str(int(s))) for f, s in zip(pk.frame, pk.sport)}
+    assert {f for f, s in got.items() if s is None} == {f for f, s in want.items() if not s} != set()
+    assert all(got[f] == s for f, s in want.items() if s)
