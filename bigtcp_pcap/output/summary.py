@@ -79,7 +79,9 @@ def render(summary: dict, console: Console) -> None:
         console.print(f"[yellow]{fa['note']}[/]")
     for r in fa.get("results", []):
         verdict = "ok" if not (r["missed"] or r["false_matches"]) else "MIS-PARSES"
-        counts = "" if r.get("frames_skipped") else f"matched {_n(r['matched'])} of {_n(r['truth'])} true, "
+        # matched: libpcap's verdict on every frame; truth: the audited frames only (not "N of M": frames not
+        # audited count in the first and not in the second)
+        counts = "" if r.get("frames_skipped") else f"libpcap matched {_n(r['matched'])}, truth {_n(r['truth'])}, "
         console.print(f"filter [bold]{r['expr']}[/]: {verdict}: {counts}missed {_n(r['missed'])}, "
                       f"false matches {_n(r['false_matches'])} "
                       f"({', '.join(f'{k} {v}' for k, v in r['reasons'].items()) or 'no reasons'})"

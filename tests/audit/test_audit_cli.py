@@ -174,3 +174,18 @@ def test_rejected_link_types_each_say_their_own_frame_count(app, tmp_path):
     assert len(notes) == 2
     assert f"its {encap['15']} frames" in next(n for n in notes if "(NULL)" in n)
     assert f"its {encap['210']} frames" in next(n for n in notes if "LINUX_SLL2" in n)
+
+
+@needs_tcpdump
+def test_analyze_summary_line_does_not_read_matched_as_a_share_of_truth(tmp_path):
+    # "matched 28 of 27 true": matched is libpcap's verdict on every frame, truth only on the audited ones
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cap = Path(__file__).resolve().parents[1] / "fixtures" / "wrapped" / "gre_ip.pcap"
+    r = subprocess.run([sys.executable, "-m", "bigtcp_pcap.cli", "analyze", str(cap), "-o", str(tmp_path),
+                        "--filter", "proto gre"], capture_output=True, text=True, timeout=300, check=False)
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("filter proto gre"))
+    n = tcpdump_count(cap, "proto gre")  # every frame is GRE; one (an MLD report, HBH inside) is not audited
+    assert f"libpcap matched {n}, truth {n - 1}," in line and " of " not in line and "not audited 1" in line
