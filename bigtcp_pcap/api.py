@@ -208,7 +208,11 @@ class _Run:
                  packets: bool, flow_timeouts_s: tuple[float, float], flow_state: bool = False,
                  default_audit_port: int | None = None) -> None:
         self.cfg, self.gro_engine, self.filters, self.packets = cfg, gro_engine, filters, packets
-        self.gro_stage = GroStage(cfg, gro_engine)  # options are checked before the output directory is touched
+        # options are checked before the capture is opened and the output directory touched
+        idle, close = flow_timeouts_s
+        idle_ns = flow_timeout_ns("flow_idle_timeout_s", idle)
+        close_ns = flow_timeout_ns("flow_close_timeout_s", close)
+        self.gro_stage = GroStage(cfg, gro_engine)
         self.reader = CaptureReader(source, name=name, sha256=sha256)
         self.info = self.reader.info
         self.tmp = None
@@ -224,9 +228,7 @@ class _Run:
                 raise
         # the per-frame audit rows beyond what is kept in memory go to the output directory
         self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port, spill_dir=self.out)
-        idle, close = flow_timeouts_s
-        self.flows = FlowTable(idle_timeout_ns=flow_timeout_ns("flow_idle_timeout_s", idle),
-                               close_timeout_ns=flow_timeout_ns("flow_close_timeout_s", close))
+        self.flows = FlowTable(idle_timeout_ns=idle_ns, close_timeout_ns=close_ns)
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
         self.stats = _Stats()

@@ -102,10 +102,9 @@ class _Side:
     dmac: np.ndarray  # uint64 destination MAC per frame (0 where the link type has none)
 
 
-def _batches(path: str | os.PathLike, errors: list[CaptureError] | None):
-    """The capture's record batches; a fault after the first record ends them and goes into ``errors`` (the
+def _batches(reader: CaptureReader, errors: list[CaptureError] | None):
+    """The reader's record batches; a fault after the first record ends them and goes into ``errors`` (the
     comparison covers the packets before it, as analyze's tables do); one before any record is raised."""
-    reader = CaptureReader(path)  # a file that cannot be opened: raised here
     read = 0
     try:
         for rb in reader:
@@ -119,7 +118,8 @@ def _batches(path: str | os.PathLike, errors: list[CaptureError] | None):
 
 def _load(path: str | os.PathLike, errors: list[CaptureError] | None = None) -> _Side:
     parts, macs = [], []
-    for rb in _batches(path, errors):
+    reader = CaptureReader(path)
+    for rb in _batches(reader, errors):
         pb, _ = decode(rb)
         parts.append(pb)
         mac = np.zeros(len(rb), np.uint64)
@@ -128,7 +128,7 @@ def _load(path: str | os.PathLike, errors: list[CaptureError] | None = None) -> 
             b = rb.buf[rb.off[eth, None] + np.arange(6)[None, :]].astype(np.uint64)
             mac[eth] = (b << (np.arange(5, -1, -1, dtype=np.uint64) * np.uint64(8))[None, :]).sum(axis=1)
         macs.append(mac)
-    return _Side(str(path), PacketBatch.concat(parts),
+    return _Side(reader.info.name, PacketBatch.concat(parts),
                  np.concatenate(macs) if macs else np.zeros(0, np.uint64))
 
 
@@ -206,7 +206,7 @@ def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
     ids: dict[bytes, int] = {}
     keys: list[bytes] = []
     parts = []
-    for rb in _batches(sender, errors):
+    for rb in _batches(CaptureReader(sender), errors):
         pb, _ = decode(rb)
         tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
         k = _flow_keys(pb)

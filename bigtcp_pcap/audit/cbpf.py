@@ -493,8 +493,9 @@ class FilterAudit:
             try:
                 cf = self.filters.for_key(key)
             except FilterError as e:
-                self.rejected.setdefault(LT.split_key(key)[0], e)
-                self._rejected_frames[LT.split_key(key)[0]] += int(sel.size)
+                lt = LT.split_key(key)[0]
+                self.rejected.setdefault(lt, e)
+                self._rejected_frames[lt] += int(sel.size)
                 na[sel] = R_REJECTED
                 continue
             self._compiled_any = True

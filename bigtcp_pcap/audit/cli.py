@@ -43,8 +43,9 @@ NOT_AUDITED_HELP = {
 
 
 def _fail(msg: str, code: int) -> typer.Exit:
-    Console(stderr=True, emoji=False).print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
-    return typer.Exit(code)
+    from ..cli import _fail as fail  # the one error line of every command (the main CLI registers this one)
+
+    return fail(msg, code)
 
 
 def audit_filter(
@@ -80,16 +81,14 @@ def audit_filter(
     if parquet is not None:
         import pyarrow.parquet as pq
 
-        from ..output.parquet import encode_value
+        from ..output.parquet import provenance_metadata
 
         try:
             parquet.parent.mkdir(parents=True, exist_ok=True)
             table = result.frames_table()
             err = None if result.error is None else str(result.error)
-            meta = {**(table.schema.metadata or {}),  # marked as analyze marks its tables
-                    **{f"bigtcp_pcap.{k}".encode(): encode_value(k, v).encode()
-                       for k, v in (("partial", err is not None), ("error", err))}}
-            pq.write_table(table.replace_schema_metadata(meta), parquet)
+            meta = {"filter": result.expr, "partial": err is not None, "error": err}  # as analyze marks its tables
+            pq.write_table(table.replace_schema_metadata(provenance_metadata(table.schema, meta)), parquet)
         except OSError as e:  # an output error (exit 4), one line
             fault = OutputError.from_os(str(parquet), e)
             raise _fail(fault.one_line(), fault.exit_code) from None

@@ -23,8 +23,9 @@ EXIT_CLEAN, EXIT_USAGE, EXIT_CAPTURE = 0, 2, 3
 
 
 def _fail(msg: str, code: int) -> typer.Exit:
-    Console(stderr=True, emoji=False).print(f"bigtcp-pcap: {msg}", markup=False, highlight=False, soft_wrap=True)
-    return typer.Exit(code)
+    from ..cli import _fail as fail  # the one error line of every command (the main CLI registers this one)
+
+    return fail(msg, code)
 
 
 def _profile_options(func):

@@ -247,7 +247,7 @@ STRING_KEYS = frozenset({"tool_version", "source_name", "source_sha256", "format
 """Provenance keys whose values are plain text (no JSON quoting); every other value is JSON."""
 
 
-def encode_value(k: str, v) -> str:
+def _encode_value(k: str, v) -> str:
     return v if k in STRING_KEYS and isinstance(v, str) else json.dumps(v, default=str)
 
 
@@ -256,7 +256,7 @@ def provenance_metadata(schema: pa.Schema, metadata: dict) -> dict[str, str]:
     the same entries in the stored Arrow schema (``ARROW:schema``, so ``pq.read_table(p).schema.metadata``,
     ``pq.read_schema`` and ``pyarrow.dataset`` show them), and ``PANDAS_ATTRS`` (pandas >= 2.1 puts the
     provenance in ``DataFrame.attrs``)."""
-    kv = {f"bigtcp_pcap.{k}": encode_value(k, v) for k, v in metadata.items()}
+    kv = {f"bigtcp_pcap.{k}": _encode_value(k, v) for k, v in metadata.items()}
     kv["PANDAS_ATTRS"] = json.dumps({"bigtcp_pcap": metadata}, default=str)
     arrow_schema = base64.b64encode(schema.with_metadata(kv).serialize().to_pybytes()).decode("ascii")
     return kv | {"ARROW:schema": arrow_schema}
