@@ -66,42 +66,55 @@ def receiver_keys(lt, cap, ver, dst, if_id, buf, off, PK, PV, PU, PST, UK, TAB, 
     The peer map (PK/PV/PU, fill in PST[0], kept at most half full by the caller) remembers, per (interface,
     source MAC), the MAC it last sent a unicast frame to: the whole batch's unicast frames update it first, then
     the group-addressed frames look their source up (0 when unknown: a receiver of their own). TAB is scratch
-    (power of two >= 2n)."""
+    (power of two >= 2n); KEY holds each Ethernet frame's two MACs between the passes, so the frame's bytes are
+    read once (that read, a cache miss per frame, was most of this pass's time). A conversation's back and
+    forth (two peers, two receivers alternating) reuses the last two lookups in both maps."""
     n = lt.shape[0]
+    ms0 = ms1 = np.int64(-1)  # the peer slots of the last two sources seen (both directions of a conversation)
+    mi0 = mi1 = ma0 = ma1 = np.uint64(0)
     for i in range(n):  # the unicast frames of the batch teach the peer map (the last one wins)
         if lt[i] == LT_ETHERNET and cap[i] >= 12:
             d = _be(buf, off[i], 6)
+            s = _be(buf, off[i] + 6, 6)
+            KEY[i, 1] = d  # the frame's MACs, for the second pass (one read of the frame's bytes, not two)
+            KEY[i, 2] = s
             if (d >> np.uint64(40)) & np.uint64(1) == 0:
                 i_f = np.uint64(if_id[i])
-                s = _be(buf, off[i] + 6, 6)
-                j = _peer_slot(PK, PU, i_f, s)
-                if not PU[j]:
-                    PU[j] = True
-                    PK[j, 0] = i_f
-                    PK[j, 1] = s
-                    PST[0] += 1
+                if ms0 >= 0 and ma0 == s and mi0 == i_f:
+                    j = ms0
+                elif ms1 >= 0 and ma1 == s and mi1 == i_f:
+                    j = ms1
+                else:
+                    j = _peer_slot(PK, PU, i_f, s)
+                    if not PU[j]:
+                        PU[j] = True
+                        PK[j, 0] = i_f
+                        PK[j, 1] = s
+                        PST[0] += 1
+                    ms1, mi1, ma1 = ms0, mi0, ma0  # (slots do not move within a call: no rehash here)
+                    ms0, mi0, ma0 = j, i_f, s
                 PV[j] = d
     for i in range(n):
         kind, a, b = np.uint64(K_NONE), np.uint64(0), np.uint64(0)
-        v = ver[i]
-        if v == 4 or v == 6:  # the destination IP address, wherever nothing better is known
-            kind = np.uint64(K_IP4 if v == 4 else K_IP6)
-            for k in range(8):
-                a = (a << np.uint64(8)) | np.uint64(dst[i, k])
-                b = (b << np.uint64(8)) | np.uint64(dst[i, 8 + k])
         t = lt[i]
         if t == LT_ETHERNET and cap[i] >= 12:
-            d = _be(buf, off[i], 6)
+            d = KEY[i, 1]
             mac = d
             if (d >> np.uint64(40)) & np.uint64(1) != 0:
-                j = _peer_slot(PK, PU, np.uint64(if_id[i]), _be(buf, off[i] + 6, 6))
+                j = _peer_slot(PK, PU, np.uint64(if_id[i]), KEY[i, 2])
                 mac = PV[j] if PU[j] else np.uint64(0)
             kind = np.uint64(K_GROUP if mac == 0 else K_MAC)
             a = d if mac == 0 else mac
-            b = np.uint64(0)
         elif (t == LT_SLL and cap[i] >= 2 and _be(buf, off[i], 2) != SLL_OUTGOING) or \
                 (t == LT_SLL2 and cap[i] >= 12 and _be(buf, off[i] + 10, 1) != SLL_OUTGOING):
-            kind, a, b = np.uint64(K_LOCAL), np.uint64(0), np.uint64(0)
+            kind = np.uint64(K_LOCAL)
+        else:
+            v = ver[i]
+            if v == 4 or v == 6:  # the destination IP address, wherever nothing better is known
+                kind = np.uint64(K_IP4 if v == 4 else K_IP6)
+                for k in range(8):
+                    a = (a << np.uint64(8)) | np.uint64(dst[i, k])
+                    b = (b << np.uint64(8)) | np.uint64(dst[i, 8 + k])
         KEY[i, 0] = kind
         KEY[i, 1] = a
         KEY[i, 2] = b
@@ -109,11 +122,19 @@ def receiver_keys(lt, cap, ver, dst, if_id, buf, off, PK, PV, PU, PST, UK, TAB, 
     m = np.int64(TAB.shape[0] - 1)
     TAB[:] = -1
     u = 0
+    alt = np.int64(-1)  # the row of UK before the previous row's (the other direction of a conversation)
     for i in range(n):  # distinct keys, first appearance first
         if i and KEY[i, 0] == KEY[i - 1, 0] and KEY[i, 1] == KEY[i - 1, 1] and KEY[i, 2] == KEY[i - 1, 2] \
                 and KEY[i, 3] == KEY[i - 1, 3]:
             inv[i] = inv[i - 1]  # runs of one receiver skip the table
             continue
+        if alt >= 0 and UK[alt, 0] == KEY[i, 0] and UK[alt, 1] == KEY[i, 1] and UK[alt, 2] == KEY[i, 2] \
+                and UK[alt, 3] == KEY[i, 3]:
+            inv[i] = alt  # and so does a conversation's back and forth
+            alt = inv[i - 1]
+            continue
+        if i:
+            alt = inv[i - 1]
         h = _fmix(_fmix(_fmix(_fmix(_SEED, KEY[i, 0]), KEY[i, 1]), KEY[i, 2]), KEY[i, 3])
         j = np.int64(h & np.uint64(m))
         while True:
