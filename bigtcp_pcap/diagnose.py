@@ -28,7 +28,7 @@ from .gro import make_engine
 from .gro import reasons as R
 from .gro.config import GRO_LEGACY_MAX_SIZE, GRO_MAX_SIZE, GroConfig
 from .gro.superpacket import SOURCE_OBSERVED, SuperPacketBatch
-from .keyed import KeyedSums
+from .keyed import KeyedSums, tally_keys
 
 WHATIF_MAX_PACKETS = 131072
 """Decoded packets kept for the what-if runs (~170 bytes each): the first this many of the capture."""
@@ -82,7 +82,7 @@ OBS_VALUE_MAX = (1 << OBS_BITS) - 1
 OBS_D, OBS_D_PSH, OBS_BUDGET, OBS_MSS, OBS_NSEG = range(5)  # kinds (OBS_D*: value 65536 - l3_len of a row)
 _VERSIONS = (4, 6)
 # per IP version: rows, largest l3_len (the first row of it), its segments, MSS, rows at the budget, most segments
-V_COUNT, V_LMAX, V_SMAX, V_MSS, V_BUDGET, V_NMAX = range(6)
+V_COUNT, V_LMAX, V_SMAX, V_MSS, V_BUDGET, V_NMAX = range(6)  # (keyed.tally_keys writes them in this order)
 
 
 class ObservedSizes:
@@ -91,7 +91,8 @@ class ObservedSizes:
     IP version the counts and maxima ``_infer_version`` reads and a histogram of IP lengths below 64 KiB (its
     share near 64 KiB needs the final MSS); per flow, counts keyed by (kind, value) in a ``KeyedSums``
     (keyed.py) pruned with the tally's flows (``flow_ends``). It used to keep the first 1 M observed rows
-    (23 MiB, and the capture-level counts stopped at 1 M rows)."""
+    (23 MiB, and the capture-level counts stopped at 1 M rows). ``SuperPacketTally.add`` counts them, in the same
+    compiled pass as its own keys (``keyed.tally_keys``)."""
 
     def __init__(self, weight: int, keep: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         self.weight = weight
@@ -104,45 +105,6 @@ class ObservedSizes:
         self.hist = np.zeros((len(_VERSIONS), GRO_LEGACY_MAX_SIZE), np.int64)  # rows per l3_len below 64 KiB
         self.flows = KeyedSums(1, keep, shift=OBS_SHIFT)
         self.batches = 0
-
-    def add(self, fid: np.ndarray, ver: np.ndarray, l3: np.ndarray, nseg: np.ndarray, pay: np.ndarray,
-            flags: np.ndarray, rows: np.ndarray) -> None:
-        """Count observed rows (int64 flow ids and row ordinals; the other columns in their own types)."""
-        if not fid.size:
-            return
-        self.batches += 1
-        l3, nseg, pay = l3.astype(np.int64), nseg.astype(np.int64), pay.astype(np.int64)
-        one = np.maximum(nseg, 1)
-        mss = (pay + one - 1) // one  # per row: payload over its segments, rounded up
-        self.n += int(fid.size)
-        self.nseg_max = max(self.nseg_max, int(nseg.max()))
-        self.l3_max = max(self.l3_max, int(l3.max()))
-        self.big += int((l3 > GRO_LEGACY_MAX_SIZE - 1).sum())
-        for j, version in enumerate(_VERSIONS):
-            sel = ver == version
-            if not sel.any():
-                continue
-            vl3, vn = l3[sel], nseg[sel]
-            a = self.v[j]
-            i = int(np.argmax(vl3))
-            if int(vl3[i]) > a[V_LMAX]:  # the first of the largest, as argmax over all rows
-                a[V_LMAX], a[V_SMAX] = vl3[i], vn[i]
-            a[V_MSS] = max(int(a[V_MSS]), int(np.max(np.where(vn > 0, mss[sel], 0))))  # rows with a count
-            a[V_BUDGET] += int((vn == self.weight).sum())
-            a[V_NMAX] = max(int(a[V_NMAX]), int(vn.max()))
-            a[V_COUNT] += vl3.size
-            low = vl3[vl3 < GRO_LEGACY_MAX_SIZE]
-            if low.size:
-                self.hist[j] += np.bincount(low, minlength=GRO_LEGACY_MAX_SIZE)
-        # per flow: rows at the budget; the others by their distance below 64 KiB and PSH; MSS and segments seen
-        budget = nseg == self.weight  # exactly: more segments (a TX capture's GSO skbs, HZ >= 1000) is not a budget end
-        d = np.where(l3 < GRO_LEGACY_MAX_SIZE, GRO_LEGACY_MAX_SIZE - l3, GRO_LEGACY_MAX_SIZE + 1)
-        kind = np.where(budget, OBS_BUDGET, np.where((flags & TH_PSH) != 0, OBS_D_PSH, OBS_D))
-        base = fid << OBS_SHIFT
-        keys = np.concatenate([base | (kind << OBS_BITS) | np.where(budget, 0, d),
-                               base | (OBS_MSS << OBS_BITS) | np.minimum(mss, OBS_VALUE_MAX),
-                               base | (OBS_NSEG << OBS_BITS) | np.minimum(nseg, OBS_VALUE_MAX)])
-        self.flows.add(keys, np.ones((keys.size, 1), np.int64), np.tile(rows, 3))
 
     def flow_ends(self, fid: int) -> dict[str, Any]:
         """How one flow's observed super-packets end: at the NAPI budget, within one (the flow's largest)
@@ -216,35 +178,32 @@ class SuperPacketTally:
         self._sums = KeyedSums(3, keep)
         self._rows = 0
         self.observed = ObservedSizes(cfg.napi_weight, keep)
+        self._params = np.array([cfg.napi_weight, *self.limits, R.SIZE_LIMIT, R.OBSERVED, SOURCE_OBSERVED, 7, OBS_BITS,
+                                 OBS_SHIFT, OBS_VALUE_MAX, GRO_LEGACY_MAX_SIZE, TH_PSH, OBS_D, OBS_D_PSH, OBS_BUDGET,
+                                 OBS_MSS, OBS_NSEG], np.int64)  # keyed.tally_keys' P
 
     def add(self, spb: SuperPacketBatch) -> None:
-        """Count one batch of rows (already labelled ``observed`` where the capture aggregated them)."""
-        if not len(spb):
-            return
+        """Count one batch of rows (already labelled ``observed`` where the capture aggregated them): the keys come
+        from one compiled pass (``keyed.tally_keys``)."""
         n = len(spb)
-        fid = spb.flow_id.astype(np.int64)
-        reason = spb.flush_reason.astype(np.int64)
-        nseg = np.maximum(spb.n_segments.astype(np.int64), 1)
-        seg = (spb.payload_len.astype(np.int64) + nseg - 1) // nseg
-        limit = np.where(spb.ip_version == 4, self.limits[0], self.limits[1])
-        bound = ((spb.source != SOURCE_OBSERVED) & (reason != R.SIZE_LIMIT) & (reason != R.OBSERVED)
-                 & (spb.l3_len.astype(np.int64) + seg >= limit) & (spb.payload_len > 0))
-        counted = np.where(bound, R.SIZE_LIMIT, reason)
-        sums = np.stack([np.ones(n, np.int64), spb.payload_len.astype(np.int64),
-                         (spb.n_segments == self.napi_weight).astype(np.int64)], axis=1)
-        # ties in bytes rank by first appearance: the row (whatever the batches, so that a split run's parts
-        # rank as the serial run does)
-        rows = self._rows + np.arange(n, dtype=np.int64)
-        self._sums.add((fid << 7) | counted, sums, rows)
-        if bound.any():  # the engine's own reason of rows counted under size_limit, first row first
-            idx = np.flatnonzero(bound)
-            self._sums.add((fid[idx] << 7) | (64 + reason[idx]), sums[idx], rows[idx])
+        if not n:
+            return
+        obs = self.observed
+        tk, ts, tf = np.empty(2 * n, np.int64), np.empty((2 * n, 3), np.int64), np.empty(2 * n, np.int64)
+        ok, of = np.empty(3 * n, np.int64), np.empty(3 * n, np.int64)
+        sc = np.array([obs.n, obs.nseg_max, obs.l3_max, obs.big], np.int64)
+        c = np.ascontiguousarray
+        got = int(tally_keys(c(spb.flow_id, np.int64), c(spb.ip_version, np.uint8), c(spb.payload_len, np.uint32),
+                             c(spb.n_segments, np.uint32), c(spb.l3_len, np.uint32), c(spb.flush_reason, np.uint8),
+                             c(spb.source, np.uint8), c(spb.tcp_flags, np.uint16), np.int64(self._rows),
+                             self._params, tk, ts, tf, ok, of, obs.v, obs.hist, sc))
+        t, o = got & 0xFFFFFFFF, got >> 32
+        self._sums.add(tk[:t], ts[:t], tf[:t])
         self._rows += n
-        obs = spb.source == SOURCE_OBSERVED
-        if obs.any():
-            idx = np.flatnonzero(obs)
-            self.observed.add(fid[idx], spb.ip_version[idx], spb.l3_len[idx], spb.n_segments[idx],
-                              spb.payload_len[idx], spb.tcp_flags[idx], rows[idx])
+        if o:
+            obs.n, obs.nseg_max, obs.l3_max, obs.big = (int(x) for x in sc)
+            obs.batches += 1
+            obs.flows.add(ok[:o], np.ones((o, 1), np.int64), of[:o])
 
     def reasons(self, flow: int) -> list[tuple[str, list[int]]]:
         """(reason, [rows, bytes, rows at the NAPI budget]) of one flow, most bytes first."""

@@ -173,3 +173,84 @@ class KeyedSums:
         keys, sums, first = self._sorted()
         lo, hi = np.searchsorted(keys, [flow << self.shift, (flow + 1) << self.shift])
         return keys[lo:hi] & ((1 << self.shift) - 1), sums[lo:hi], first[lo:hi]
+
+
+@njit(cache=True, entry=True,
+      sig=("i64[::1], u8[::1], u32[::1], u32[::1], u32[::1], u8[::1], u8[::1], u16[::1], i64, i64[::1], i64[::1], "
+           "i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[:, ::1], i64[:, ::1], i64[::1]"))
+def tally_keys(fid, ver, pay, nseg, l3, reason, source, flags, row0, P, TK, TS, TF, OK, OF, V, HIST, SC):
+    """The keys of one batch of super-packet rows for the diagnosis tallies (``diagnose.SuperPacketTally.add`` and
+    ``ObservedSizes``), in one pass instead of some forty whole-batch array operations.
+
+    P: [napi weight, IPv4 limit, IPv6 limit, SIZE_LIMIT, OBSERVED (reason codes), SOURCE_OBSERVED, the tally's
+    code shift, OBS_BITS, OBS_SHIFT, OBS_VALUE_MAX, the legacy 64 KiB size, TH_PSH, OBS_D, OBS_D_PSH,
+    OBS_BUDGET, OBS_MSS, OBS_NSEG]. Writes the tally's keys, sums and first rows to TK/TS/TF (a row's key, and
+    a second one for a row counted under size_limit: its engine reason + 64), the observed rows' three keys
+    and rows to OK/OF, the observed rows' per-version aggregates into V (rows: IPv4, IPv6) and HIST, and
+    SC[0..3] += observed rows, max segments, max l3_len, rows above 64 KiB. Returns tally keys + (observed
+    keys << 32)."""
+    weight, lim4, lim6, r_size, r_obs, s_obs, shift = P[0], P[1], P[2], P[3], P[4], P[5], P[6]
+    bits, oshift, vmax, legacy, psh = P[7], P[8], P[9], P[10], P[11]
+    k_d, k_dpsh, k_budget, k_mss, k_nseg = P[12], P[13], P[14], P[15], P[16]
+    t = 0
+    o = 0
+    for i in range(fid.shape[0]):
+        f = fid[i]
+        rs = np.int64(reason[i])
+        ns = np.int64(nseg[i])
+        one = ns if ns > 1 else np.int64(1)
+        p = np.int64(pay[i])
+        seg = (p + one - 1) // one
+        ln = np.int64(l3[i])
+        v = ver[i]
+        limit = lim4 if v == 4 else lim6
+        r = row0 + i
+        at_budget = np.int64(1) if ns == weight else np.int64(0)
+        bound = (np.int64(source[i]) != s_obs and rs != r_size and rs != r_obs and ln + seg >= limit and p > 0)
+        TK[t] = (f << shift) | (r_size if bound else rs)
+        TS[t, 0] = 1
+        TS[t, 1] = p
+        TS[t, 2] = at_budget
+        TF[t] = r
+        t += 1
+        if bound:  # the engine's own reason too
+            TK[t] = (f << shift) | (64 + rs)
+            TS[t, 0] = 1
+            TS[t, 1] = p
+            TS[t, 2] = at_budget
+            TF[t] = r
+            t += 1
+        if np.int64(source[i]) != s_obs:
+            continue
+        SC[0] += 1
+        if ns > SC[1]:
+            SC[1] = ns
+        if ln > SC[2]:
+            SC[2] = ln
+        if ln > legacy - 1:
+            SC[3] += 1
+        if v == 4 or v == 6:
+            j = 0 if v == 4 else 1
+            if ln > V[j, 1]:  # V_LMAX, V_SMAX: the first of the largest
+                V[j, 1] = ln
+                V[j, 2] = ns
+            if ns > 0 and seg > V[j, 3]:  # V_MSS (rows with a segment count)
+                V[j, 3] = seg
+            if ns == weight:  # V_BUDGET
+                V[j, 4] += 1
+            if ns > V[j, 5]:  # V_NMAX
+                V[j, 5] = ns
+            V[j, 0] += 1  # V_COUNT
+            if ln < legacy:
+                HIST[j, ln] += 1
+        base = f << oshift
+        if ns == weight:
+            OK[o] = base | (k_budget << bits)
+        else:
+            d = legacy - ln if ln < legacy else legacy + 1
+            OK[o] = base | ((k_dpsh if np.int64(flags[i]) & psh else k_d) << bits) | d
+        OK[o + 1] = base | (k_mss << bits) | min(seg, vmax)
+        OK[o + 2] = base | (k_nseg << bits) | min(ns, vmax)
+        OF[o] = OF[o + 1] = OF[o + 2] = r
+        o += 3
+    return t + (o << 32)
