@@ -223,10 +223,8 @@ def tally_keys(fid, ver, pay, nseg, l3, reason, source, flags, row0, P, TK, TS, 
         if np.int64(source[i]) != s_obs:
             continue
         SC[0] += 1
-        if ns > SC[1]:
-            SC[1] = ns
-        if ln > SC[2]:
-            SC[2] = ln
+        SC[1] = max(SC[1], ns)
+        SC[2] = max(SC[2], ln)
         if ln > legacy - 1:
             SC[3] += 1
         if v == 4 or v == 6:
@@ -238,8 +236,7 @@ def tally_keys(fid, ver, pay, nseg, l3, reason, source, flags, row0, P, TK, TS, 
                 V[j, 3] = seg
             if ns == weight:  # V_BUDGET
                 V[j, 4] += 1
-            if ns > V[j, 5]:  # V_NMAX
-                V[j, 5] = ns
+            V[j, 5] = max(V[j, 5], ns)  # V_NMAX
             V[j, 0] += 1  # V_COUNT
             if ln < legacy:
                 HIST[j, ln] += 1
