@@ -31,7 +31,7 @@ REGISTRY: tuple[Table, ...] = (
           "one row per super-packet GRO would build (or the capture shows), with why it ended"),
     Table("flows", FLOWS_SCHEMA, True, True, "one row per TCP flow direction, streamed when the flow ends"),
     Table("findings", FINDINGS_SCHEMA, True, False, "RFC 2675 violations, capture faults and notes, by frame"),
-    Table("filter_audit", AUDIT_SCHEMA, True, False, "frames a capture filter mis-parses, with the reason"),
+    Table("filter_audit", AUDIT_SCHEMA, True, True, "frames a capture filter mis-parses, with the reason"),
 )
 BY_NAME: dict[str, Table] = {t.name: t for t in REGISTRY}
 TABLES: tuple[str, ...] = tuple(t.name for t in REGISTRY)
