@@ -38,17 +38,17 @@ ENV_CACHE = "BIGTCP_PCAP_CACHE"
 ENV_DISABLE = "BIGTCP_PCAP_NO_NATIVE_BPF"  # "1": always interpret (bpfvm)
 _LOADED: dict[str, Callable | None] = {}
 
-_HEAD = """#include <stdint.h>
+_LOADERS = """#include <stdint.h>
 static inline uint32_t ld4(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]; }
 static inline uint32_t ld2(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
-static inline uint32_t run1(const uint8_t *P, uint64_t cap, uint32_t wl) {
+"""
+_FUNC = """static inline uint32_t {name}(const uint8_t *P, uint64_t cap, uint32_t wl) {{
     uint32_t A = 0, X = 0;
-    uint32_t M[16] = {0};
+    uint32_t M[16] = {{0}};
     (void)M; (void)X; (void)wl;
 """
-_TAIL = """}
-void bpf_batch(const uint8_t *buf, const int64_t *off, const int64_t *cap, const int64_t *wl, int64_t n,
+_TAIL = """void bpf_batch(const uint8_t *buf, const int64_t *off, const int64_t *cap, const int64_t *wl, int64_t n,
                uint32_t *out) {
     for (int64_t i = 0; i < n; i++)
         out[i] = run1(buf + off[i], (uint64_t)cap[i], (uint32_t)wl[i]);
@@ -72,8 +72,32 @@ def _backward(instructions: list[tuple[int, int, int, int]]) -> bool:
 
 def c_source(instructions: list[tuple[int, int, int, int]]) -> str:
     """The C function ``bpf_batch`` for one program (see the module docstring for the semantics)."""
+    return _LOADERS + _function(instructions, "run1") + _TAIL
+
+
+_MULTI_TAIL = """void bpf_multi(const uint8_t *buf, const int64_t *off, const int64_t *cap, const int64_t *wl, int64_t n,
+               uint8_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *P = buf + off[i];
+        uint64_t c = (uint64_t)cap[i];
+        uint32_t w = (uint32_t)wl[i];
+%s    }
+}
+"""
+
+
+def c_source_multi(programs: list[list[tuple[int, int, int, int]]]) -> str:
+    """The C function ``bpf_multi``: every program on each packet in turn, ``out[j * n + i]`` = program j's verdict
+    (return value != 0) on packet i. One pass over the packets instead of one per program: a packet's bytes are
+    read from memory once (the programs of the default audit read the same few header bytes)."""
+    calls = "".join(f"        out[{j} * n + i] = run{j}(P, c, w) != 0;\n" for j in range(len(programs)))
+    return _LOADERS + "".join(_function(ins, f"run{j}") for j, ins in enumerate(programs)) + _MULTI_TAIL % calls
+
+
+def _function(instructions: list[tuple[int, int, int, int]], name: str) -> str:
+    """One program as ``static inline uint32_t name(P, cap, wl)``."""
     n = len(instructions)
-    out = [_HEAD]
+    out = [_FUNC.format(name=name)]
     # a backward jump (protochain's loop): count the steps as bpfvm does and reject past its limit
     step = f"if (steps++ >= {MAX_STEPS}) return 0; " if _backward(instructions) else ""
     if step:
@@ -138,8 +162,7 @@ def c_source(instructions: list[tuple[int, int, int, int]]) -> str:
         else:  # not reached: translatable() admits known opcodes only
             s = "return 0;"
         out.append(f"L{pc}: {step}{s}\n")
-    out.append("return 0;\n")  # ran off the end
-    out.append(_TAIL)
+    out.append("return 0;\n}\n")  # ran off the end
     return "".join(out)
 
 
@@ -158,7 +181,18 @@ def native(instructions: list[tuple[int, int, int, int]]) -> Callable | None:
     bpfvm does not know either, no C compiler, a failed build, ``BIGTCP_PCAP_NO_NATIVE_BPF=1``)."""
     if os.environ.get(ENV_DISABLE) == "1" or not translatable(instructions):
         return None
-    src = c_source(instructions)
+    return _load(c_source(instructions), "bpf_batch", ctypes.c_void_p)
+
+
+def native_multi(programs: list[list[tuple[int, int, int, int]]]) -> Callable | None:
+    """The compiled ``bpf_multi`` of several programs (``c_source_multi``), or None as ``native``."""
+    if os.environ.get(ENV_DISABLE) == "1" or not all(translatable(p) for p in programs):
+        return None
+    return _load(c_source_multi(programs), "bpf_multi", ctypes.c_void_p)
+
+
+def _load(src: str, symbol: str, out_type) -> Callable | None:
+    """The function ``symbol`` of ``src`` built once into the cache (by the digest of the source) and loaded."""
     digest = hashlib.sha256(src.encode()).hexdigest()[:32]
     if digest in _LOADED:
         return _LOADED[digest]
@@ -168,11 +202,11 @@ def native(instructions: list[tuple[int, int, int, int]]) -> Callable | None:
         if not so.exists():
             so = _build(src, so)
         if so is not None:
-            fn = ctypes.CDLL(str(so)).bpf_batch
+            fn = getattr(ctypes.CDLL(str(so)), symbol)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                           ctypes.c_void_p]
-    except (OSError, subprocess.SubprocessError):  # an unwritable cache, a compiler that hangs
+                           out_type]
+    except (OSError, AttributeError, subprocess.SubprocessError):  # an unwritable cache, a compiler that hangs
         fn = None
     _LOADED[digest] = fn
     return fn
@@ -205,3 +239,17 @@ def run(fn: Callable, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray, wire
         w = np.ascontiguousarray(wirelen, dtype=np.int64)
         fn(b.ctypes.data, o.ctypes.data, c.ctypes.data, w.ctypes.data, n, out.ctypes.data)
     return out
+
+
+def run_multi(fn: Callable, k: int, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray,
+              wirelen: np.ndarray) -> np.ndarray:
+    """The verdicts of the ``k`` programs of ``fn`` (``native_multi``) per packet: bool (k, n)."""
+    n = len(off)
+    out = np.zeros((k, n), np.uint8)
+    if n:
+        b = np.ascontiguousarray(buf, dtype=np.uint8)
+        o = np.ascontiguousarray(off, dtype=np.int64)
+        c = np.ascontiguousarray(caplen, dtype=np.int64)
+        w = np.ascontiguousarray(wirelen, dtype=np.int64)
+        fn(b.ctypes.data, o.ctypes.data, c.ctypes.data, w.ctypes.data, n, out.ctypes.data)
+    return out.view(np.bool_)

@@ -47,7 +47,7 @@ from ..decode.schema import (
 from . import linktypes as LT
 from . import normalize as nz
 from .impact import FlowGroups, FlowTally, flow_groups
-from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet
+from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet, match_many
 from .libpcap import load as load_libpcap
 from .suggest import has_l4_index, rewrite
 
@@ -266,7 +266,8 @@ class _Candidate:
         self.errors: list[str] = []
         self.unsupported: list[str] = []
 
-    def verdicts(self, key: int, rb_view) -> np.ndarray | None:
+    def program(self, key: int) -> CompiledFilter | None:
+        """The rewritten expression compiled for compile key ``key`` (None when libpcap rejects it)."""
         if key not in self.by_linktype:
             linktype, swapped = LT.split_key(key)
             rw = rewrite(self.expr, self.mode, LT.header_len(linktype))
@@ -279,8 +280,7 @@ class _Candidate:
                 cf = None
                 self.errors.append(f"{rw.text}: {e.for_linktype()}")
             self.by_linktype[key] = (rw.text, cf)
-        cf = self.by_linktype[key][1]
-        return None if cf is None else cf.match_batch(*rb_view)
+        return self.by_linktype[key][1]
 
     @property
     def texts(self) -> dict[int, str]:
@@ -503,19 +503,24 @@ class FilterAudit:
             nsel_mask = keys[norm_idx] == key
             nsel = norm_idx[nsel_mask]
             nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
-            raw[sel] = cf.match_batch(*view)
+            # every program of this key on the frames in one pass (match_many), then on the normalized copies
+            tf = self._truth_filter(key) if self.l4_index else None
+            cands = [(c, c.program(key)) for c in self.candidates]
+            cands = [(c, p) for c, p in cands if p is not None]
+            progs = [cf] + ([tf] if tf is not None else []) + [p for _, p in cands]
+            got = match_many(progs, *view)
+            raw[sel] = got[0]
             norm[sel] = raw[sel]
-            norm[nsel] = cf.match_batch(*nview)
-            if self.l4_index:
-                tf = self._truth_filter(key)
-                truth[sel] = tf.match_batch(*view)
-                truth[nsel] = tf.match_batch(*nview)
+            nprogs = progs[:2] if tf is not None else progs[:1]
+            ngot = match_many(nprogs, *nview)
+            norm[nsel] = ngot[0]
+            if tf is not None:
+                truth[sel] = got[1]
+                truth[nsel] = ngot[1]
             else:
                 truth[sel] = norm[sel]
-            for c in self.candidates:
-                v = c.verdicts(key, view)
-                if v is not None:
-                    cand_match[id(c)][sel] = v
+            for (c, _), v in zip(cands, got[len(nprogs):], strict=True):
+                cand_match[id(c)][sel] = v
         audited = na == R_NONE
         for c in self.candidates:
             c.mismatches += int((cand_match[id(c)] != truth)[audited].sum())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bigtcp_pcap.audit import bpfc, bpfvm
-from bigtcp_pcap.audit.libpcap import BpfInsn, CompiledFilter, FilterError, load
+from bigtcp_pcap.audit.libpcap import BpfInsn, CompiledFilter, FilterError, load, match_many
 from bigtcp_pcap.capture import CaptureReader
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
@@ -74,6 +74,30 @@ def test_libpcap_programs_on_the_kernel_captures(backend):
     assert compared > 250_000 and mismatched == 0
     # every program ran as native code on that backend (protochain's backward jumps too)
     assert (native == runs) if backend == "native" else (native == 0)
+
+
+def test_fused_programs_give_each_programs_libpcap_verdicts(backend):
+    """``match_many`` runs several programs in one native pass over the packets (``bpfc.native_multi``) and
+    falls back to one pass per program elsewhere: either way each program's verdicts are libpcap's own."""
+    fused = 0
+    for cap in _captures()[::4]:
+        for rb in CaptureReader(cap):
+            for lt in np.unique(rb.linktype).tolist():
+                sel = np.flatnonzero(rb.linktype == lt)
+                filters = []
+                for expr in EXPRESSIONS:
+                    try:
+                        filters.append(CompiledFilter(expr, lt))
+                    except FilterError:
+                        continue
+                args = (rb.buf, rb.off[sel], rb.caplen[sel], rb.wirelen[sel])
+                got = match_many(filters, *args)
+                assert len(got) == len(filters)
+                for cf, g in zip(filters, got, strict=True):
+                    ref = cf.match_batch_libpcap(*args)
+                    assert g.dtype == np.bool_ and (g == ref).all(), (cap.name, cf.expr)
+                fused += bpfc.native_multi([f.instructions for f in filters]) is not None
+    assert (fused > 0) if backend == "native" else (fused == 0)
 
 
 def _libpcap_values(prog: list[tuple[int, int, int, int]], packets: list[tuple[bytes, int]]) -> list[int]:
