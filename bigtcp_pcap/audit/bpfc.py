@@ -230,8 +230,18 @@ def _build(src: str, so: Path) -> Path | None:
 
 def run(fn: Callable, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray, wirelen: np.ndarray) -> np.ndarray:
     """The program's return value per packet ``buf[off[i]:off[i] + caplen[i]]`` (uint32)."""
+    return _call(fn, np.zeros(len(off), np.uint32), buf, off, caplen, wirelen)
+
+
+def run_multi(fn: Callable, k: int, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray,
+              wirelen: np.ndarray) -> np.ndarray:
+    """The verdicts of the ``k`` programs of ``fn`` (``native_multi``) per packet: bool (k, n)."""
+    return _call(fn, np.zeros((k, len(off)), np.uint8), buf, off, caplen, wirelen).view(np.bool_)
+
+
+def _call(fn: Callable, out: np.ndarray, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray,
+          wirelen: np.ndarray) -> np.ndarray:
     n = len(off)
-    out = np.zeros(n, np.uint32)
     if n:
         b = np.ascontiguousarray(buf, dtype=np.uint8)
         o = np.ascontiguousarray(off, dtype=np.int64)
@@ -239,17 +249,3 @@ def run(fn: Callable, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray, wire
         w = np.ascontiguousarray(wirelen, dtype=np.int64)
         fn(b.ctypes.data, o.ctypes.data, c.ctypes.data, w.ctypes.data, n, out.ctypes.data)
     return out
-
-
-def run_multi(fn: Callable, k: int, buf: np.ndarray, off: np.ndarray, caplen: np.ndarray,
-              wirelen: np.ndarray) -> np.ndarray:
-    """The verdicts of the ``k`` programs of ``fn`` (``native_multi``) per packet: bool (k, n)."""
-    n = len(off)
-    out = np.zeros((k, n), np.uint8)
-    if n:
-        b = np.ascontiguousarray(buf, dtype=np.uint8)
-        o = np.ascontiguousarray(off, dtype=np.int64)
-        c = np.ascontiguousarray(caplen, dtype=np.int64)
-        w = np.ascontiguousarray(wirelen, dtype=np.int64)
-        fn(b.ctypes.data, o.ctypes.data, c.ctypes.data, w.ctypes.data, n, out.ctypes.data)
-    return out.view(np.bool_)
