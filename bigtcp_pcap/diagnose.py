@@ -178,9 +178,9 @@ class SuperPacketTally:
         self._sums = KeyedSums(3, keep)
         self._rows = 0
         self.observed = ObservedSizes(cfg.napi_weight, keep)
-        self._params = np.array([cfg.napi_weight, *self.limits, R.SIZE_LIMIT, R.OBSERVED, SOURCE_OBSERVED, 7, OBS_BITS,
-                                 OBS_SHIFT, OBS_VALUE_MAX, GRO_LEGACY_MAX_SIZE, TH_PSH, OBS_D, OBS_D_PSH, OBS_BUDGET,
-                                 OBS_MSS, OBS_NSEG], np.int64)  # keyed.tally_keys' P
+        self._params = np.array([cfg.napi_weight, *self.limits, R.SIZE_LIMIT, R.OBSERVED, SOURCE_OBSERVED,
+                                 self._sums.shift, OBS_BITS, OBS_SHIFT, OBS_VALUE_MAX, GRO_LEGACY_MAX_SIZE, TH_PSH,
+                                 OBS_D, OBS_D_PSH, OBS_BUDGET, OBS_MSS, OBS_NSEG], np.int64)  # keyed.tally_keys' P
 
     def add(self, spb: SuperPacketBatch) -> None:
         """Count one batch of rows (already labelled ``observed`` where the capture aggregated them): the keys come

@@ -206,7 +206,8 @@ def tally_keys(fid, ver, pay, nseg, l3, reason, source, flags, row0, P, TK, TS, 
         limit = lim4 if v == 4 else lim6
         r = row0 + i
         at_budget = np.int64(1) if ns == weight else np.int64(0)
-        bound = (np.int64(source[i]) != s_obs and rs != r_size and rs != r_obs and ln + seg >= limit and p > 0)
+        observed = np.int64(source[i]) == s_obs
+        bound = (not observed and rs != r_size and rs != r_obs and ln + seg >= limit and p > 0)
         TK[t] = (f << shift) | (r_size if bound else rs)
         TS[t, 0] = 1
         TS[t, 1] = p
@@ -220,7 +221,7 @@ def tally_keys(fid, ver, pay, nseg, l3, reason, source, flags, row0, P, TK, TS, 
             TS[t, 2] = at_budget
             TF[t] = r
             t += 1
-        if np.int64(source[i]) != s_obs:
+        if not observed:
             continue
         SC[0] += 1
         SC[1] = max(SC[1], ns)

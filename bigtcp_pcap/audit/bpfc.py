@@ -181,17 +181,17 @@ def native(instructions: list[tuple[int, int, int, int]]) -> Callable | None:
     bpfvm does not know either, no C compiler, a failed build, ``BIGTCP_PCAP_NO_NATIVE_BPF=1``)."""
     if os.environ.get(ENV_DISABLE) == "1" or not translatable(instructions):
         return None
-    return _load(c_source(instructions), "bpf_batch", ctypes.c_void_p)
+    return _load(c_source(instructions), "bpf_batch")
 
 
 def native_multi(programs: list[list[tuple[int, int, int, int]]]) -> Callable | None:
     """The compiled ``bpf_multi`` of several programs (``c_source_multi``), or None as ``native``."""
     if os.environ.get(ENV_DISABLE) == "1" or not all(translatable(p) for p in programs):
         return None
-    return _load(c_source_multi(programs), "bpf_multi", ctypes.c_void_p)
+    return _load(c_source_multi(programs), "bpf_multi")
 
 
-def _load(src: str, symbol: str, out_type) -> Callable | None:
+def _load(src: str, symbol: str) -> Callable | None:
     """The function ``symbol`` of ``src`` built once into the cache (by the digest of the source) and loaded."""
     digest = hashlib.sha256(src.encode()).hexdigest()[:32]
     if digest in _LOADED:
@@ -205,7 +205,7 @@ def _load(src: str, symbol: str, out_type) -> Callable | None:
             fn = getattr(ctypes.CDLL(str(so)), symbol)
             fn.restype = None
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                           out_type]
+                           ctypes.c_void_p]
     except (OSError, AttributeError, subprocess.SubprocessError):  # an unwritable cache, a compiler that hangs
         fn = None
     _LOADED[digest] = fn

@@ -47,7 +47,7 @@ from ..decode.schema import (
 from . import linktypes as LT
 from . import normalize as nz
 from .impact import FlowGroups, FlowTally, flow_groups
-from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterSet, match_many
+from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterGroup, FilterSet
 from .libpcap import load as load_libpcap
 from .suggest import has_l4_index, rewrite
 
@@ -443,6 +443,7 @@ class FilterAudit:
         self._tally = FlowTally(("missed", "false_matches")) if flows else None
         self._not_audited: Counter[str] = Counter()
         self._linktypes: set[int] = set()
+        self._groups: dict[int, tuple[FilterGroup, FilterGroup, list[_Candidate]]] = {}
 
     # -- truth program (tcp[]/udp[] on IPv6) --
     def _truth_filter(self, key: int) -> CompiledFilter:
@@ -463,6 +464,18 @@ class FilterAudit:
                     cf = self.filters.for_key(key)
             self.truth_filters[key] = cf
         return cf
+
+    def _groups_of(self, key: int, cf: CompiledFilter) -> tuple[FilterGroup, FilterGroup, list[_Candidate]]:
+        """The programs of compile key ``key``, made once: for the frames, the expression (``cf``), its truth
+        form (tcp[]/udp[] indexing) and the candidates libpcap compiles; for the normalized copies, the first
+        one or two; and those candidates, in the order of their verdicts."""
+        if key not in self._groups:
+            truth = [self._truth_filter(key)] if self.l4_index else []
+            cands = [(c, c.program(key)) for c in self.candidates]
+            cands = [(c, p) for c, p in cands if p is not None]
+            self._groups[key] = (FilterGroup([cf, *truth, *(p for _, p in cands)]), FilterGroup([cf, *truth]),
+                                 [c for c, _ in cands])
+        return self._groups[key]
 
     @property
     def frames_fed(self) -> int:
@@ -503,23 +516,19 @@ class FilterAudit:
             nsel_mask = keys[norm_idx] == key
             nsel = norm_idx[nsel_mask]
             nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
-            # every program of this key on the frames in one pass (match_many), then on the normalized copies
-            tf = self._truth_filter(key) if self.l4_index else None
-            cands = [(c, c.program(key)) for c in self.candidates]
-            cands = [(c, p) for c, p in cands if p is not None]
-            progs = [cf] + ([tf] if tf is not None else []) + [p for _, p in cands]
-            got = match_many(progs, *view)
+            # every program of this key on the frames in one pass, then on the normalized copies (_groups)
+            frames, copies, cands = self._groups_of(key, cf)
+            got = frames.match_batch(*view)
             raw[sel] = got[0]
             norm[sel] = raw[sel]
-            nprogs = progs[:2] if tf is not None else progs[:1]
-            ngot = match_many(nprogs, *nview)
+            ngot = copies.match_batch(*nview)
             norm[nsel] = ngot[0]
-            if tf is not None:
+            if self.l4_index:
                 truth[sel] = got[1]
                 truth[nsel] = ngot[1]
             else:
                 truth[sel] = norm[sel]
-            for (c, _), v in zip(cands, got[len(nprogs):], strict=True):
+            for c, v in zip(cands, got[len(copies.filters):], strict=True):
                 cand_match[id(c)][sel] = v
         audited = na == R_NONE
         for c in self.candidates:

@@ -26,7 +26,6 @@ import ctypes.util
 import struct
 import sys
 import tempfile
-import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -290,26 +289,23 @@ class CompiledFilter:
         return out
 
 
-_MULTI: dict[tuple[int, ...], object] = {}  # id() of the programs -> their fused native function (or None)
+class FilterGroup:
+    """Several compiled filters run on the same packets: fused into one native pass over them when every one runs
+    natively (bpfc.native_multi), so a packet's bytes are read once, not once per program; one pass per filter
+    otherwise. The same verdicts either way (``tests/audit/test_bpfvm.py`` holds both against libpcap)."""
 
+    def __init__(self, filters: list[CompiledFilter]):
+        self.filters = list(filters)
+        natively = len(self.filters) > 1 and all(f._native_fn() is not None for f in self.filters)
+        self._fn = bpfc.native_multi([f.instructions for f in self.filters]) if natively else None
 
-def match_many(filters: list[CompiledFilter], buf: np.ndarray, offsets: np.ndarray, caplens: np.ndarray,
-               wirelens: np.ndarray) -> list[np.ndarray]:
-    """``[f.match_batch(...) for f in filters]``, with the programs fused into one native pass over the packets
-    when every one of them runs natively (bpfc.native_multi): the packets' bytes are read once, not once per
-    program. The same verdicts either way (``tests/audit/test_bpfvm.py`` holds both against libpcap)."""
-    if len(filters) > 1 and all(f._native_fn() is not None for f in filters):
-        key = tuple(id(f) for f in filters)
-        fn = _MULTI.get(key)
-        if fn is None and key not in _MULTI:
-            fn = _MULTI[key] = bpfc.native_multi([f.instructions for f in filters])
-            for f in filters:  # forget the entry with the filters (ids are reused once they are gone)
-                weakref.finalize(f, _MULTI.pop, key, None)
-        if fn is not None:
-            arr, offs, caps = filters[0]._batch_args(buf, offsets, caplens)
-            out = bpfc.run_multi(fn, len(filters), arr, offs, caps, wirelens)
-            return list(out)
-    return [f.match_batch(buf, offsets, caplens, wirelens) for f in filters]
+    def match_batch(self, buf: np.ndarray, offsets: np.ndarray, caplens: np.ndarray,
+                    wirelens: np.ndarray) -> list[np.ndarray]:
+        """``[f.match_batch(...) for f in filters]``."""
+        if self._fn is None:
+            return [f.match_batch(buf, offsets, caplens, wirelens) for f in self.filters]
+        arr, offs, caps = self.filters[0]._batch_args(buf, offsets, caplens)
+        return list(bpfc.run_multi(self._fn, len(self.filters), arr, offs, caps, wirelens))
 
 
 class FilterSet:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bigtcp_pcap.audit import bpfc, bpfvm
-from bigtcp_pcap.audit.libpcap import BpfInsn, CompiledFilter, FilterError, load, match_many
+from bigtcp_pcap.audit.libpcap import BpfInsn, CompiledFilter, FilterError, FilterGroup, load
 from bigtcp_pcap.capture import CaptureReader
 
 KERNEL = Path(__file__).resolve().parent.parent / "fixtures" / "kernel"
@@ -77,7 +77,7 @@ def test_libpcap_programs_on_the_kernel_captures(backend):
 
 
 def test_fused_programs_give_each_programs_libpcap_verdicts(backend):
-    """``match_many`` runs several programs in one native pass over the packets (``bpfc.native_multi``) and
+    """``FilterGroup`` runs several programs in one native pass over the packets (``bpfc.native_multi``) and
     falls back to one pass per program elsewhere: either way each program's verdicts are libpcap's own."""
     fused = 0
     for cap in _captures()[::4]:
@@ -91,7 +91,7 @@ def test_fused_programs_give_each_programs_libpcap_verdicts(backend):
                     except FilterError:
                         continue
                 args = (rb.buf, rb.off[sel], rb.caplen[sel], rb.wirelen[sel])
-                got = match_many(filters, *args)
+                got = FilterGroup(filters).match_batch(*args)
                 assert len(got) == len(filters)
                 for cf, g in zip(filters, got, strict=True):
                     ref = cf.match_batch_libpcap(*args)
