@@ -35,7 +35,8 @@ import numpy as np
 PKG = Path(__file__).resolve().parent
 KERNEL_MODULES = ("bigtcp_pcap.capture.walk", "bigtcp_pcap.decode.kernel", "bigtcp_pcap.flows.table",
                   "bigtcp_pcap.gro.compiled", "bigtcp_pcap.gro.evidence", "bigtcp_pcap.gro.receivers",
-                  "bigtcp_pcap.audit.bpfvm", "bigtcp_pcap.audit.normalize", "bigtcp_pcap.keyed")
+                  "bigtcp_pcap.audit.bpfvm", "bigtcp_pcap.audit.normalize", "bigtcp_pcap.audit.judge",
+                  "bigtcp_pcap.keyed")
 SPEC_FILE = PKG / "_kernels.json"
 ENV_FORCE_JIT = "BIGTCP_PCAP_JIT"
 

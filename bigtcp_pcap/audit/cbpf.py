@@ -36,29 +36,35 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..decode.schema import (
-    BIGTCP_HBH_JUMBO,
-    BIGTCP_V4_TOTLEN0,
-    BIGTCP_V6_PLEN0,
     ST_UNKNOWN_LINKTYPE,
     TUNNEL_NONE,
     PacketBatch,
     RowsView,
 )
+from . import judge as J
 from . import linktypes as LT
 from . import normalize as nz
 from .impact import FlowGroups, FlowTally, flow_groups
+from .judge import (  # noqa: F401 (the verdict and reason codes, re-exported)
+    FALSE_MATCH,
+    MISSED,
+    NOT_AUDITED,
+    OK,
+    R_EXT_HEADER,
+    R_FRAGMENT,
+    R_LINKTYPE,
+    R_NONE,
+    R_NOT_IP,
+    R_REJECTED,
+    R_TRUNCATED,
+    R_TUNNEL,
+    REASON_NAMES,
+    VERDICT_NAMES,
+)
 from .libpcap import DEFAULT_SNAPLEN, CompiledFilter, FilterError, FilterGroup, FilterSet
 from .libpcap import load as load_libpcap
 from .suggest import has_l4_index, rewrite
 
-OK, MISSED, FALSE_MATCH, NOT_AUDITED = 0, 1, 2, 3
-VERDICT_NAMES = ("ok", "missed", "false_match", "not_audited")
-# reasons, in the order they are tried for a mis-classified frame; then why a frame was not audited
-R_NONE, R_TCP_INDEX, R_UDP_INDEX, R_HBH_JUMBO, R_EXT_HEADER, R_V6_PLEN0, R_V4_TOTLEN0, R_OTHER = range(8)
-R_NOT_IP, R_TUNNEL, R_FRAGMENT, R_TRUNCATED, R_LINKTYPE, R_REJECTED = range(8, 14)
-REASON_NAMES = ("", "tcp_index_ipv4_only", "udp_index_ipv4_only", "ipv6_hbh_jumbo", "ipv6_ext_header", "v6_plen0",
-                "v4_totlen0", "other", nz.SKIP_NOT_IP, nz.SKIP_TUNNEL, nz.SKIP_FRAGMENT, nz.SKIP_TRUNCATED,
-                "linktype_not_decoded", "filter_rejected_for_linktype")
 _SKIP_REASON = np.array([R_NONE, R_NOT_IP, R_TUNNEL, R_FRAGMENT, R_TRUNCATED], np.uint8)  # by why_not_batch code
 
 
@@ -496,102 +502,84 @@ class FilterAudit:
         norm_idx, nbuf, n_off, n_cap, n_wire = b.norm_idx, b.nbuf, b.n_off, b.n_cap, b.n_wire
         self._linktypes.update(b.linktypes)
 
-        raw = np.zeros(n, bool)
-        norm = np.zeros(n, bool)
-        truth = np.zeros(n, bool)  # the normalized truth (tcp[]/udp[] extended to IPv6)
+        raw = np.zeros(n, np.uint8)
+        norm = np.zeros(n, np.uint8)
+        truth = np.zeros(n, np.uint8) if self.l4_index else norm  # the normalized truth (tcp[]/udp[] on IPv6 too)
         na = b.na_reason.copy()
-        cand_match = {id(c): np.zeros(n, bool) for c in self.candidates}
+        cand = np.zeros((len(self.candidates), n), np.uint8)
+        row_of = {id(c): i for i, c in enumerate(self.candidates)}
+        whole = len(b.key_list) == 1  # (one link type: every row, without gathering them)
         for key in b.key_list:
-            sel = np.flatnonzero(keys == key)
+            sel = slice(None) if whole else np.flatnonzero(keys == key)
             try:
                 cf = self.filters.for_key(key)
             except FilterError as e:
                 lt = LT.split_key(key)[0]
                 self.rejected.setdefault(lt, e)
-                self._rejected_frames[lt] += int(sel.size)
+                self._rejected_frames[lt] += n if whole else int(sel.size)
                 na[sel] = R_REJECTED
                 continue
             self._compiled_any = True
-            view = (buf, off[sel], cap[sel], wire[sel])
-            nsel_mask = keys[norm_idx] == key
-            nsel = norm_idx[nsel_mask]
-            nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
+            if whole:
+                view, nsel = (buf, off, cap, wire), norm_idx
+                nview = (nbuf, n_off, n_cap, n_wire)
+            else:
+                view = (buf, off[sel], cap[sel], wire[sel])
+                nsel_mask = keys[norm_idx] == key
+                nsel = norm_idx[nsel_mask]
+                nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
             # every program of this key on the frames in one pass, then on the normalized copies (_groups)
             frames, copies, cands = self._groups_of(key, cf)
             got = frames.match_batch(*view)
             raw[sel] = got[0]
-            norm[sel] = raw[sel]
+            norm[sel] = got[0]
             ngot = copies.match_batch(*nview)
             norm[nsel] = ngot[0]
             if self.l4_index:
                 truth[sel] = got[1]
                 truth[nsel] = ngot[1]
-            else:
-                truth[sel] = norm[sel]
             for c, v in zip(cands, got[len(copies.filters):], strict=True):
-                cand_match[id(c)][sel] = v
-        audited = na == R_NONE
-        for c in self.candidates:
-            c.mismatches += int((cand_match[id(c)] != truth)[audited].sum())
-        if self.raw_header:  # judged on the raw frame; the normalized verdict goes side by side
-            alt = truth
-            self._n_alt_truth += int(alt[audited].sum())
-            self._n_alt_missed += int((alt & ~raw)[audited].sum())
-            self._n_alt_false += int((raw & ~alt)[audited].sum())
-            truth = raw
-
-        verdict = np.where(raw == truth, OK, np.where(truth, MISSED, FALSE_MATCH)).astype(np.uint8)
-        reason = self._reasons(pb, verdict != OK, norm != truth)
-        verdict[~audited] = NOT_AUDITED
-        reason[~audited] = na[~audited]
-        for code, count in enumerate(np.bincount(na, minlength=len(REASON_NAMES)).tolist()):
+                cand[row_of[id(c)], sel] = v
+        # verdicts, reasons and counts in one pass (judge.py)
+        verdict, reason = np.empty(n, np.uint8), np.empty(n, np.uint8)
+        keep = np.empty(n, np.int64)
+        st = np.zeros(J.stats_size(len(self.candidates)), np.int64)
+        k = J.judge(raw, norm, truth, na, cand, int(bool(self.raw_header)), *J.pb_columns(pb), verdict, reason, keep,
+                    st)
+        for i, c in enumerate(self.candidates):
+            c.mismatches += int(st[J.S_CANDIDATES + i])
+        self._n_alt_truth += int(st[J.S_ALT_TRUTH])
+        self._n_alt_missed += int(st[J.S_ALT_MISSED])
+        self._n_alt_false += int(st[J.S_ALT_FALSE])
+        for code, count in enumerate(st[J.S_NA_REASONS: J.S_NA_REASONS + J.NREASONS].tolist()):
             if code and count:
                 self._not_audited[REASON_NAMES[code]] += count
-        keep = verdict != OK
         self._n_frames += n
-        self._n_not_audited += int((~audited).sum())
-        self._n_raw += int(raw.sum())
-        self._n_truth += int(truth[audited].sum())
-        self._frames.append(pb.frame[keep].astype(np.uint64))
-        self._verdict.append(verdict[keep])
+        self._n_not_audited += int(st[J.S_NOT_AUDITED])
+        self._n_raw += int(st[J.S_RAW])
+        self._n_truth += int(st[J.S_TRUTH])
+        self._n_missed += int(st[J.S_MISSED])
+        self._n_false += int(st[J.S_FALSE])
+        self._reason_counts += st[J.S_REASONS: J.S_REASONS + J.NREASONS]
+        if k == 0:
+            return
+        keep = keep[:k]
+        kv = verdict[keep]
+        self._frames.append(np.asarray(pb.frame)[keep].astype(np.uint64))
+        self._verdict.append(kv)
         self._reason.append(reason[keep])
-        self._raw.append(raw[keep])
-        self._truth.append(truth[keep])
-        bad = np.flatnonzero((verdict == MISSED) | (verdict == FALSE_MATCH))
-        self._n_missed += int(np.count_nonzero(verdict == MISSED))
-        self._n_false += int(np.count_nonzero(verdict == FALSE_MATCH))
-        self._reason_counts += np.bincount(reason[bad], minlength=len(REASON_NAMES))[:len(REASON_NAMES)]
-        self._kept += int(np.count_nonzero(keep))
+        self._raw.append(raw[keep].view(bool))
+        self._truth.append((raw if self.raw_header else truth)[keep].view(bool))
+        self._kept += k
         if self._spill_on and self._kept >= self.SPILL_ROWS:
             if self._spill is None:
                 self._spill = _Spill(self._spill_dir)
             self._spill.write(self._joined_rows())
             self._frames, self._verdict, self._reason, self._raw, self._truth = [], [], [], [], []
             self._kept = 0
-        if bad.size and self._tally is not None:
+        if self._tally is not None and (st[J.S_MISSED] or st[J.S_FALSE]):
+            bad = keep[(kv == MISSED) | (kv == FALSE_MATCH)]
             self._tally.add(pb, bad, b.flow_groups(), missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
-
-    @staticmethod
-    def _reasons(pb: PacketBatch, bad: np.ndarray, index_gap: np.ndarray) -> np.ndarray:
-        reason = np.zeros(len(pb), np.uint8)
-        rules = [
-            (index_gap & (pb.l4_proto == 6), R_TCP_INDEX),
-            (index_gap & (pb.l4_proto == 17), R_UDP_INDEX),
-            (index_gap, R_TCP_INDEX),
-            ((pb.ip_version == 6) & (pb.has_jumbo | (pb.bigtcp == BIGTCP_HBH_JUMBO)), R_HBH_JUMBO),
-            ((pb.ip_version == 6) & (pb.ext_len > 0), R_EXT_HEADER),
-            (pb.bigtcp == BIGTCP_V6_PLEN0, R_V6_PLEN0),
-            (pb.bigtcp == BIGTCP_V4_TOTLEN0, R_V4_TOTLEN0),
-            ((pb.ip_version == 4) & (pb.ip_len_field == 0), R_V4_TOTLEN0),
-            ((pb.ip_version == 6) & (pb.ip_len_field == 0), R_V6_PLEN0),
-            (np.ones(len(pb), bool), R_OTHER),
-        ]
-        todo = bad.copy()
-        for mask, code in rules:
-            hit = todo & mask
-            reason[hit] = code
-            todo &= ~hit
-        return reason
 
     def result(self) -> AuditResult:
         """The audit so far. With no frames at all, the expression is still compiled (for Ethernet), so that a

@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..decode.schema import TUNNEL_NONE, PacketBatch
+from . import judge as J
 from . import normalize as nz
-from .cbpf import R_NONE, REASON_NAMES, FilterAudit, feed_capture
+from .cbpf import R_NONE, REASON_NAMES, feed_capture
 from .impact import FlowTally
 from .libbpf import (  # the binding; its errors and names are also this module's (callers of the audit)
     ETH_HLEN,
@@ -300,7 +301,7 @@ class EbpfAudit:
             rnorm[i] = nret
             odiff[i] = self._outputs_differ(data, out, norm, nout, int(wire[i]), f)
         bad = (rnorm >= 0) & ((rraw != rnorm) | odiff)
-        reason = FilterAudit._reasons(pb, bad, np.zeros(n, bool))  # the cBPF audit's reason rules and names
+        reason = J.reasons(pb, bad)  # the cBPF audit's reason rules and names (judge.py)
         self._frames.append(pb.frame.astype(np.uint64))
         self._rraw.append(rraw)
         self._rnorm.append(rnorm)
