@@ -54,7 +54,8 @@ _CODES = [
     # capture-level (reader / flow stages)
     Code(60, "capture.partial", ERROR, "the capture could not be read to its end: {value}"),
     Code(62, "capture.snaplen_exceeded", NOTE, "records longer than the snaplen {value} were read whole (as "
-         "Wireshark does; libpcap would cut them to the snaplen)"),
+         "Wireshark does; libpcap cuts them to the snaplen in a pcap file, and stops at the first one in a pcapng "
+         "file)"),
     Code(63, "capture.interrupted", ERROR, "the run was interrupted ({value}): the tables hold the frames read "
          "before it"),
     Code(64, "capture.undefined_interface", WARN, "packet blocks name interface {value}, which no Interface "

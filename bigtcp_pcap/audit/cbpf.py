@@ -87,6 +87,10 @@ class FlowImpact:
         return dict(self.__dict__)
 
 
+CUT_NOTE = ("records longer than the file's snaplen are cut to {snap} bytes by libpcap (tcpdump -r) before a "
+            "filter runs: they are judged as cut (frames_cut), against the whole frame's truth; where the cut "
+            "changes the verdict the reason is cut_by_file_snaplen, which no rewrite of the filter fixes. A header "
+            "snaplen of 0 keeps them whole: printf '\\0\\0\\0\\0' | dd of=FILE bs=1 seek=16 conv=notrunc")
 SKIPPED_NOTE = ("{n} frames that no BIG TCP encoding or extension header can affect were not run through the "
                 "filter: matched/truth count only the others, and the suggestion was verified on those; "
                 "'bigtcp-pcap audit-filter' checks every frame")
@@ -131,6 +135,8 @@ class AuditResult:
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # the capture could not be read to its end; counts cover the frames before
     frames_skipped: int = 0  # candidates_only: frames not run through the filter (their verdict is ok by construction)
+    frames_cut: int = 0  # audited records longer than libpcap's snapshot of the file, judged as libpcap cuts them
+    frames_cut_changed: int = 0  # of those, the ones the cut judges unlike the whole frame
     spill: _Spill | None = field(default=None, repr=False)  # the rows before ``frame``..``truth_match``, when spilled
 
     def chunks(self) -> Iterable[tuple[np.ndarray, ...]]:
@@ -190,6 +196,8 @@ class AuditResult:
             "not_audited": self.not_audited,
             "notes": self.notes,
             "frames_skipped": self.frames_skipped,
+            "frames_cut": self.frames_cut,
+            "frames_cut_changed": self.frames_cut_changed,
             "error": self.error,
         }
         if not frames:
@@ -299,11 +307,12 @@ class _Candidate:
 
 
 class _Rows:
-    """The two RecordBatch columns the audit reads, for a subset of rows."""
+    """What the audit reads of a RecordBatch, for a subset of rows."""
 
-    def __init__(self, buf: np.ndarray, off: np.ndarray):
+    def __init__(self, buf: np.ndarray, off: np.ndarray, libpcap_snap: int):
         self.buf = buf
         self.off = off
+        self.libpcap_snap = libpcap_snap
 
 
 @dataclass
@@ -327,6 +336,8 @@ class PreparedBatch:
     n_wire: np.ndarray
     skipped: int  # frames left out by candidates_only
     not_audited: Counter[str]
+    cut: np.ndarray  # rows libpcap cuts to ``snap`` bytes when it reads the file (``libpcap_snapshot``)
+    snap: int
     _groups: FlowGroups | None = None
 
     def flow_groups(self) -> FlowGroups:
@@ -340,16 +351,19 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
     """Select the frames to audit and normalize them once; the result is the same for every expression of a
     kind (``candidates_only``, ``l4_index``), so the default audit's filters share it."""
     skipped = 0
+    snap = int(getattr(rb, "libpcap_snap", 0))
     if candidates_only and len(pb):
         v6 = pb.ip_version == 6
         need = (v6 & ((pb.ext_len > 0) | (pb.ip_len_field == 0))) | ((pb.ip_version == 4) & (pb.ip_len_field == 0))
         need |= (pb.tunnel != TUNNEL_NONE) | ((pb.status & ST_UNKNOWN_LINKTYPE) != 0)
         if l4_index:
             need |= v6
+        if snap:
+            need |= pb.caplen > snap  # what libpcap reads of it is not the frame
         idx = np.flatnonzero(need)
         skipped = len(pb) - idx.size
         if idx.size < len(pb):
-            rb = _Rows(rb.buf, np.asarray(rb.off)[idx])
+            rb = _Rows(rb.buf, np.asarray(rb.off)[idx], snap)
             pb = RowsView(pb, idx)  # the audit reads a few columns of these rows
     n = len(pb)
     buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)
@@ -382,8 +396,9 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
                 not_audited[REASON_NAMES[code]] += count
     linktypes = np.flatnonzero(np.bincount(lts)).tolist() if n else []  # (np.unique would import numpy.ma)
     key_list = np.flatnonzero(np.bincount(keys)).tolist() if n else []
+    cut = np.flatnonzero(cap > snap) if snap else np.zeros(0, np.int64)
     return PreparedBatch(pb, buf, off, cap, wire, lts, linktypes, keys, key_list, na_reason, norm_idx, nbuf, n_off,
-                         n_cap, n_wire, skipped, not_audited)
+                         n_cap, n_wire, skipped, not_audited, cut, snap)
 
 
 class FilterAudit:
@@ -441,6 +456,9 @@ class FilterAudit:
         self._truth: list[np.ndarray] = []
         self._n_missed = 0
         self._n_false = 0
+        self._n_cut = 0  # audited records libpcap cuts to its snapshot (``_snap`` bytes) when it reads the file
+        self._n_cut_changed = 0  # of those, the ones whose verdict the cut changes
+        self._snap = 0
         self._reason_counts = np.zeros(len(REASON_NAMES), np.int64)  # of the missed and falsely matched frames
         self._n_alt_truth = 0  # raw-header expressions: the normalized copy's verdicts, side by side
         self._n_alt_missed = 0
@@ -509,6 +527,10 @@ class FilterAudit:
         cand = np.zeros((len(self.candidates), n), np.uint8)
         row_of = {id(c): i for i, c in enumerate(self.candidates)}
         whole = len(b.key_list) == 1  # (one link type: every row, without gathering them)
+        # records libpcap cuts to its snapshot: the expression runs on what libpcap reads (as tcpdump -r does),
+        # the truth on the whole frame; clip = 1 for those, 2 where the cut changes the expression's verdict
+        clip = np.zeros(n, np.uint8)
+        rcap = np.minimum(cap, b.snap) if b.cut.size else cap
         for key in b.key_list:
             sel = slice(None) if whole else np.flatnonzero(keys == key)
             try:
@@ -521,10 +543,11 @@ class FilterAudit:
                 continue
             self._compiled_any = True
             if whole:
-                view, nsel = (buf, off, cap, wire), norm_idx
+                view, nsel, cut = (buf, off, rcap, wire), norm_idx, b.cut
                 nview = (nbuf, n_off, n_cap, n_wire)
             else:
-                view = (buf, off[sel], cap[sel], wire[sel])
+                view = (buf, off[sel], rcap[sel], wire[sel])
+                cut = b.cut[keys[b.cut] == key]
                 nsel_mask = keys[norm_idx] == key
                 nsel = norm_idx[nsel_mask]
                 nview = (nbuf, n_off[nsel_mask], n_cap[nsel_mask], n_wire[nsel_mask])
@@ -533,10 +556,16 @@ class FilterAudit:
             got = frames.match_batch(*view)
             raw[sel] = got[0]
             norm[sel] = got[0]
+            if cut.size:  # the whole frames of the cut ones (their normalized copies, below, are of whole frames)
+                whole_got = copies.match_batch(buf, off[cut], cap[cut], wire[cut])
+                norm[cut] = whole_got[0]
+                clip[cut] = 1 + (whole_got[0] != raw[cut].view(bool))
             ngot = copies.match_batch(*nview)
             norm[nsel] = ngot[0]
             if self.l4_index:
                 truth[sel] = got[1]
+                if cut.size:
+                    truth[cut] = whole_got[1]
                 truth[nsel] = ngot[1]
             for c, v in zip(cands, got[len(copies.filters):], strict=True):
                 cand[row_of[id(c)], sel] = v
@@ -544,8 +573,8 @@ class FilterAudit:
         verdict, reason = np.empty(n, np.uint8), np.empty(n, np.uint8)
         keep = np.empty(n, np.int64)
         st = np.zeros(J.stats_size(len(self.candidates)), np.int64)
-        k = J.judge(raw, norm, truth, na, cand, int(bool(self.raw_header)), *J.pb_columns(pb), verdict, reason, keep,
-                    st)
+        k = J.judge(raw, norm, truth, na, clip, cand, int(bool(self.raw_header)), *J.pb_columns(pb), verdict, reason,
+                    keep, st)
         for i, c in enumerate(self.candidates):
             c.mismatches += int(st[J.S_CANDIDATES + i])
         self._n_alt_truth += int(st[J.S_ALT_TRUTH])
@@ -559,6 +588,9 @@ class FilterAudit:
         self._n_raw += int(st[J.S_RAW])
         self._n_truth += int(st[J.S_TRUTH])
         self._n_missed += int(st[J.S_MISSED])
+        self._n_cut += int(st[J.S_CUT])
+        self._n_cut_changed += int(st[J.S_CUT_CHANGED])
+        self._snap = b.snap or self._snap
         self._n_false += int(st[J.S_FALSE])
         self._reason_counts += st[J.S_REASONS: J.S_REASONS + J.NREASONS]
         if k == 0:
@@ -598,7 +630,7 @@ class FilterAudit:
             reasons=dict(reasons.most_common()), spill=self._spill,
             flows=self._flows(), frame=frame, verdict=verdict, reason=reason, raw_match=raw, truth_match=truth,
             not_audited={k: v for k, v in self._not_audited.items() if v}, notes=list(dict.fromkeys(self.notes)),
-            frames_skipped=self._n_skipped,
+            frames_skipped=self._n_skipped, frames_cut=self._n_cut, frames_cut_changed=self._n_cut_changed,
             rejected={lt: e.message for lt, e in self.rejected.items()})
         for lt, e in self.rejected.items():
             res.notes.append(f"libpcap rejects this expression for linktype {LT.name(lt)} ({e.message}): its "
@@ -609,6 +641,8 @@ class FilterAudit:
                               "false_matches": self._n_alt_false}
         if self._n_skipped:
             res.notes.append(SKIPPED_NOTE.format(n=self._n_skipped))
+        if self._n_cut:
+            res.notes.append(CUT_NOTE.format(snap=self._snap))
         # judged on the raw frame, a suggestion is for the normalized meaning, and only when that selects frames
         differs = not res.clean or (res.normalized is not None and res.normalized["truth"] > 0
                                     and (res.normalized["missed"] or res.normalized["false_matches"]))

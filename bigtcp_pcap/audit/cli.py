@@ -31,6 +31,8 @@ REASON_HELP = {
     "tcp_index_ipv4_only": "tcp[...] indexing only ever matches IPv4 in libpcap (not a BIG TCP problem)",
     "udp_index_ipv4_only": "udp[...] indexing only ever matches IPv4 in libpcap (not a BIG TCP problem)",
     "other": "differs for another reason",
+    "cut_by_file_snaplen": "libpcap cuts the record to the file's snaplen before the filter runs (no filter fixes "
+                           "that)",
 }
 NOT_AUDITED_HELP = {
     "tunnel_not_normalized": "tunnel with an outer header other than plain IP + UDP",

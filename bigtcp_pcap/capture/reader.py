@@ -41,6 +41,9 @@ TS_UNKNOWN = int(walk.TS_UNKNOWN)
 # its ring slot holds: that size plus the slot's 16-byte alignment slack, plus 4 when libpcap re-inserts a VLAN
 # tag. Measured (scripts/capture_tpacket_clamp.sh, libpcap 1.10.3, Linux 6.18): caplen 65562 of 184306.
 TPACKET_V2_CLAMP = (65535 + 18, 65535 + 18 + 15 + 4)  # caplen range, both ends included
+# libpcap's max_snaplen_for_dlt (pcap-common.c): the largest caplen it accepts per link type (others: 262144)
+LIBPCAP_MAX_SNAPLEN = {231: 128 << 20, 279: 8 << 20, 249: 1 << 20}  # DLT_DBUS, DLT_EBHSCR, DLT_USBPCAP
+LIBPCAP_DEFAULT_MAX_SNAPLEN = 262144  # MAXIMUM_SNAPLEN
 SUPPORTED_LINKTYPES = linktypes.NAMES  # the link-type table (bigtcp_pcap/linktypes.py): number -> name
 PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multiplier to ns)
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
@@ -63,6 +66,7 @@ class RecordBatch:
     frame: np.ndarray  # uint64, 1-based
     file_off: np.ndarray  # int64, byte offset of the record header in the uncompressed stream
     epb_flags: np.ndarray | None = None  # uint32, the pcapng epb_flags option (0 when absent or pcap)
+    libpcap_snap: int = 0  # the bytes of a record libpcap hands on (tcpdump -r): ``libpcap_snapshot``; 0 = all
 
     def __post_init__(self) -> None:
         if self.epb_flags is None:
@@ -74,6 +78,16 @@ class RecordBatch:
     def packet(self, i: int) -> bytes:
         o = int(self.off[i])
         return self.buf[o:o + int(self.caplen[i])].tobytes()
+
+
+def libpcap_snapshot(snaplen: int, linktype: int) -> int:
+    """How much of a record of a pcap file libpcap hands on (sf-pcap.c, libpcap 1.10): the header's snaplen, or
+    the link type's maximum when it is 0 or larger (pcap_adjust_snapshot). A longer record is cut to it before
+    a filter runs (``tcpdump -r FILE EXPR`` judges the cut frame; measured with tcpdump 4.99.3: a header snaplen
+    of 30 and a 54-byte TCP record, 'tcp port P' does not match it). A pcapng file is different: there libpcap
+    stops at an Enhanced Packet Block longer than the interface's snaplen ("invalid packet capture length")."""
+    top = LIBPCAP_MAX_SNAPLEN.get(linktype, LIBPCAP_DEFAULT_MAX_SNAPLEN)
+    return top if snaplen == 0 or snaplen > top else snaplen
 
 
 @dataclass
@@ -188,7 +202,7 @@ class CaptureReader:
                 np.empty(n, np.int64))
 
     def _emit(self, n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags=None,
-              snaplen: int | np.ndarray = 0) -> RecordBatch | None:
+              snaplen: int | np.ndarray = 0, libpcap_snap: int = 0) -> RecordBatch | None:
         """The first n walked records as a batch; counts the capture-level notes. ``snaplen``: the file's, or
         one per interface (indexed by if_id); 0 means none."""
         if n == 0:
@@ -196,7 +210,7 @@ class CaptureReader:
         frames = np.arange(self._frame, self._frame + n, dtype=np.uint64)
         batch = RecordBatch(self._buf, off[:n].copy(), caplen[:n].copy(), wirelen[:n].copy(), ts_ns[:n].copy(),
                             linktype[:n].copy(), if_id[:n].copy(), frames, rec_pos[:n] + self._base,
-                            None if flags is None else flags[:n].copy())
+                            None if flags is None else flags[:n].copy(), libpcap_snap)
         self._frame += n
         self.info.packets += n
         const = self._const_linktype
@@ -245,13 +259,15 @@ class CaptureReader:
         off, caplen, wirelen, ts_ns, rec_pos = self._arrays()
         linktype = np.full(self.batch_size, linktype_val, np.uint16)
         self._const_linktype = linktype_val
+        lp_snap = libpcap_snapshot(snaplen, linktype_val)
         if_id = np.zeros(self.batch_size, np.uint32)
         pos = 24
         while True:
             n, pos, status, need = walk.walk_pcap(self._buf, pos, self._buf.shape[0], be, ts_mul, MAX_CAPLEN,
                                                   off, caplen, wirelen, ts_ns, rec_pos)
             rec = pos  # the record the walk stopped at
-            batch = self._emit(n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, snaplen=snaplen)
+            batch = self._emit(n, off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, snaplen=snaplen,
+                               libpcap_snap=lp_snap)
             if batch is not None:
                 yield batch
             if status == walk.FULL:

@@ -72,8 +72,9 @@ def _frame_keys(capture: Path | bytes) -> list[tuple[int, bytes]]:
     src = io.BytesIO(capture) if isinstance(capture, bytes) else capture
     keys = []
     for rb in read_batches(src):
+        cut = rb.libpcap_snap or None  # what libpcap reads of a record (and tcpdump -w writes of it)
         for i in range(len(rb)):
-            keys.append((int(rb.ts_ns[i]), rb.packet(i)))
+            keys.append((int(rb.ts_ns[i]), rb.packet(i)[:cut]))
     return keys
 
 
