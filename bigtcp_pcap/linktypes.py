@@ -101,3 +101,14 @@ def name(number: int) -> str:
     """The table's name for a link type, or ``LINKTYPE_<number>`` for one it does not hold."""
     lt = BY_NUMBER.get(number)
     return lt.name if lt is not None else f"LINKTYPE_{number}"
+
+
+# libpcap's snaplen limits (pcap-common.c max_snaplen_for_dlt): MAXIMUM_SNAPLEN for most link types, more for a
+# few it does not decode (DLT_DBUS, DLT_EBHSCR, DLT_USBPCAP). tcpdump compiles with it and refuses a longer record.
+LIBPCAP_MAXIMUM_SNAPLEN = 262144
+LIBPCAP_MAX_SNAPLEN = {231: 128 << 20, 279: 8 << 20, 249: 1 << 20}
+
+
+def libpcap_max_snaplen(number: int) -> int:
+    """The largest caplen libpcap accepts for a link type."""
+    return LIBPCAP_MAX_SNAPLEN.get(number, LIBPCAP_MAXIMUM_SNAPLEN)

@@ -307,12 +307,11 @@ class _Candidate:
 
 
 class _Rows:
-    """What the audit reads of a RecordBatch, for a subset of rows."""
+    """The two RecordBatch columns the audit reads, for a subset of rows."""
 
-    def __init__(self, buf: np.ndarray, off: np.ndarray, libpcap_snap: int):
+    def __init__(self, buf: np.ndarray, off: np.ndarray):
         self.buf = buf
         self.off = off
-        self.libpcap_snap = libpcap_snap
 
 
 @dataclass
@@ -363,7 +362,7 @@ def prepare_batch(rb, pb: PacketBatch, candidates_only: bool, l4_index: bool) ->
         idx = np.flatnonzero(need)
         skipped = len(pb) - idx.size
         if idx.size < len(pb):
-            rb = _Rows(rb.buf, np.asarray(rb.off)[idx], snap)
+            rb = _Rows(rb.buf, np.asarray(rb.off)[idx])
             pb = RowsView(pb, idx)  # the audit reads a few columns of these rows
     n = len(pb)
     buf = np.ascontiguousarray(rb.buf, dtype=np.uint8)

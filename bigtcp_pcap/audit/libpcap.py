@@ -31,13 +31,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import UsageError
+from ..linktypes import LIBPCAP_MAXIMUM_SNAPLEN
 from . import bpfc, bpfvm
 from . import linktypes as LT
 
 PCAP_NETMASK_UNKNOWN = 0xFFFFFFFF
 SAVEFILE_NETMASK = 0  # what tcpdump -r passes to pcap_compile (no interface to look a netmask up on)
 PCAP_ERRBUF_SIZE = 256
-DEFAULT_SNAPLEN = 262144
+DEFAULT_SNAPLEN = LIBPCAP_MAXIMUM_SNAPLEN  # as tcpdump compiles
 _LIB_NAMES = ("libpcap.so.0.8", "libpcap.so.1", "libpcap.so", "libpcap.dylib")
 INSTALL_HINT = "install it with: apt-get install libpcap0.8"
 

@@ -41,9 +41,6 @@ TS_UNKNOWN = int(walk.TS_UNKNOWN)
 # its ring slot holds: that size plus the slot's 16-byte alignment slack, plus 4 when libpcap re-inserts a VLAN
 # tag. Measured (scripts/capture_tpacket_clamp.sh, libpcap 1.10.3, Linux 6.18): caplen 65562 of 184306.
 TPACKET_V2_CLAMP = (65535 + 18, 65535 + 18 + 15 + 4)  # caplen range, both ends included
-# libpcap's max_snaplen_for_dlt (pcap-common.c): the largest caplen it accepts per link type (others: 262144)
-LIBPCAP_MAX_SNAPLEN = {231: 128 << 20, 279: 8 << 20, 249: 1 << 20}  # DLT_DBUS, DLT_EBHSCR, DLT_USBPCAP
-LIBPCAP_DEFAULT_MAX_SNAPLEN = 262144  # MAXIMUM_SNAPLEN
 SUPPORTED_LINKTYPES = linktypes.NAMES  # the link-type table (bigtcp_pcap/linktypes.py): number -> name
 PCAP_MAGICS = {  # magic as read little-endian -> (big endian file?, ts multiplier to ns)
     0xA1B2C3D4: (False, 1000), 0xA1B23C4D: (False, 1), 0xD4C3B2A1: (True, 1000), 0x4D3CB2A1: (True, 1)}
@@ -86,7 +83,7 @@ def libpcap_snapshot(snaplen: int, linktype: int) -> int:
     a filter runs (``tcpdump -r FILE EXPR`` judges the cut frame; measured with tcpdump 4.99.3: a header snaplen
     of 30 and a 54-byte TCP record, 'tcp port P' does not match it). A pcapng file is different: there libpcap
     stops at an Enhanced Packet Block longer than the interface's snaplen ("invalid packet capture length")."""
-    top = LIBPCAP_MAX_SNAPLEN.get(linktype, LIBPCAP_DEFAULT_MAX_SNAPLEN)
+    top = linktypes.libpcap_max_snaplen(linktype)
     return top if snaplen == 0 or snaplen > top else snaplen
 
 

@@ -34,11 +34,12 @@ from ..decode import decode
 from ..decode.schema import BIGTCP_HBH_JUMBO
 from ..errors import CaptureError, OutputError
 from ..flows.table import FlowTable
+from ..linktypes import LIBPCAP_MAXIMUM_SNAPLEN
 from .config import EgressProfile, ProfileError
 from .engine import ACTION_SEGMENTED, EgressBatch, EgressEngine
 
 STEP_NS = 1000  # at most 1 us between the segments of one super-packet
-MAX_SNAPLEN = 262144
+MAX_SNAPLEN = LIBPCAP_MAXIMUM_SNAPLEN  # the largest header snaplen libpcap reads whole
 CHUNK = 16384  # output records per gather
 
 
