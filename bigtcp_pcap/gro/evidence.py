@@ -211,10 +211,15 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
             fwd, rev = _directions(v, s0, s1, d0, d1, sp, dp)
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         here = (g & 1) * size
-        # acked ends
+        # the reverse direction's busy state: none when it sent no data in this generation or the previous one,
+        # and then neither table holds a key of it either (one-way captures: every ACK lookup skipped)
+        e = np.int64(-1)
         if flags[i] & TH_ACK:
+            e = _conn(CK, CU, CI, CS, ST, rev, here, size - here, tmask, False)
+        # acked ends
+        if e >= 0:
             k = _fmix(rev, np.uint64(ack[i]))
-            if k != absent:  # (one-way captures repeat an ACK number that is in neither table)
+            if k != absent:  # (an ACK number repeated while it is in neither table)
                 hit = False
                 for base in (here, size - here):  # this generation's chain, then the previous one's
                     j = _find(TK, TV, k, base, tmask)
@@ -241,55 +246,53 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 if k == absent:
                     absent = _NO_KEY
         # busy evidence and late segments
-        if flags[i] & TH_ACK:
-            e = _conn(CK, CU, CI, CS, ST, rev, here, size - here, tmask, False)
-            if e >= 0:
-                a = np.int64(ack[i])
-                t = ts[i]
-                _expire(CS, NXT, MOVE, e, r, window, rmask)
-                if CS[e, CS_ACK] < 0 or _seq_after(a, CS[e, CS_ACK]):
-                    CS[e, CS_ACK] = a
-                    h0 = CS[e, CS_HEAD]
-                    h = h0
-                    last = np.int64(-1)  # the last covered segment ending exactly at a
-                    newest = np.int64(-1)  # the last covered one
-                    while h >= 0 and not _seq_after(END[h & rmask], a):
-                        if END[h & rmask] == a:
-                            last = h
-                        newest = h
+        if e >= 0:  # (e as found above: taking this row's segment into TK changed no direction's state)
+            a = np.int64(ack[i])
+            t = ts[i]
+            _expire(CS, NXT, MOVE, e, r, window, rmask)
+            if CS[e, CS_ACK] < 0 or _seq_after(a, CS[e, CS_ACK]):
+                CS[e, CS_ACK] = a
+                h0 = CS[e, CS_HEAD]
+                h = h0
+                last = np.int64(-1)  # the last covered segment ending exactly at a
+                newest = np.int64(-1)  # the last covered one
+                while h >= 0 and not _seq_after(END[h & rmask], a):
+                    if END[h & rmask] == a:
+                        last = h
+                    newest = h
+                    h = NXT[h & rmask]
+                if newest >= 0:  # the way to the receiver and back, at most: the shortest lag seen
+                    lag = t - TSR[newest & rmask]
+                    if lag >= 0 and (CS[e, CS_LAG] < 0 or lag < CS[e, CS_LAG]):
+                        CS[e, CS_LAG] = lag
+                if CS[e, CS_NMISS] > 0:  # marked segments among the covered ones came late: after `last`
+                    x = h0
+                    while x != h:
+                        if MOVE[x & rmask] == PENDING:
+                            ok = last > x and t - TSR[x & rmask] <= max_ns
+                            MOVE[x & rmask] = last if ok else -1
+                            CS[e, CS_NMISS] -= 1
+                        x = NXT[x & rmask]
+                if sack[i] == 0:
+                    while h >= 0 and t - TSR[h & rmask] > max_ns:
+                        _drop(CS, MOVE, e, h, rmask)  # too old for this and every later ACK
                         h = NXT[h & rmask]
-                    if newest >= 0:  # the way to the receiver and back, at most: the shortest lag seen
-                        lag = t - TSR[newest & rmask]
-                        if lag >= 0 and (CS[e, CS_LAG] < 0 or lag < CS[e, CS_LAG]):
-                            CS[e, CS_LAG] = lag
-                    if CS[e, CS_NMISS] > 0:  # marked segments among the covered ones came late: after `last`
-                        x = h0
-                        while x != h:
-                            if MOVE[x & rmask] == PENDING:
-                                ok = last > x and t - TSR[x & rmask] <= max_ns
-                                MOVE[x & rmask] = last if ok else -1
-                                CS[e, CS_NMISS] -= 1
-                            x = NXT[x & rmask]
-                    if sack[i] == 0:
-                        while h >= 0 and t - TSR[h & rmask] > max_ns:
-                            _drop(CS, MOVE, e, h, rmask)  # too old for this and every later ACK
-                            h = NXT[h & rmask]
-                    CS[e, CS_HEAD] = h
-                    if h < 0:
-                        CS[e, CS_TAIL] = -1
-                    if sack[i] == 0 and CS[e, CS_LAG] >= 0:
-                        sent = t - CS[e, CS_LAG]  # the receiver sent it no later than this
-                        while h >= 0:
-                            BUSY[h & rmask] = sent
-                            h = NXT[h & rmask]
-                if sack[i] != 0:
-                    edge = np.int64(sackl[i])
-                    h = CS[e, CS_HEAD]
-                    while h >= 0 and _seq_after(edge, END[h & rmask]):
+                CS[e, CS_HEAD] = h
+                if h < 0:
+                    CS[e, CS_TAIL] = -1
+                if sack[i] == 0 and CS[e, CS_LAG] >= 0:
+                    sent = t - CS[e, CS_LAG]  # the receiver sent it no later than this
+                    while h >= 0:
+                        BUSY[h & rmask] = sent
                         h = NXT[h & rmask]
-                    if h >= 0 and END[h & rmask] == edge and MOVE[h & rmask] == -1 and t - TSR[h & rmask] <= max_ns:
-                        MOVE[h & rmask] = PENDING  # the data right after it came, it did not
-                        CS[e, CS_NMISS] += 1
+            if sack[i] != 0:
+                edge = np.int64(sackl[i])
+                h = CS[e, CS_HEAD]
+                while h >= 0 and _seq_after(edge, END[h & rmask]):
+                    h = NXT[h & rmask]
+                if h >= 0 and END[h & rmask] == edge and MOVE[h & rmask] == -1 and t - TSR[h & rmask] <= max_ns:
+                    MOVE[h & rmask] = PENDING  # the data right after it came, it did not
+                    CS[e, CS_NMISS] += 1
         if plen[i] > 0:
             e = _conn(CK, CU, CI, CS, ST, fwd, here, size - here, tmask, True)
             _expire(CS, NXT, MOVE, e, r, window, rmask)
