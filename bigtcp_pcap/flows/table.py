@@ -34,9 +34,10 @@ IDLE_TIMEOUT_NS = 120 * 10**9  # nfstream's default idle_timeout (Zeek's tcp_ina
 CLOSE_TIMEOUT_NS = 5 * 10**9  # Zeek's tcp_close_delay
 
 # --- per-slot int64 fields of F ---------------------------------------------------------------------------
-(F_FID, F_STATE, F_REV, F_FINRST, F_PACKETS, F_PAYLOAD, F_WIRE, F_BIG, F_MAXP, F_FIRST, F_TS0, F_TS1, F_MSS,
- F_INITED, F_MAXEND, F_NHOLES, F_GAP, F_RETRANS, F_OOO, F_HHEAD, F_HLAST, F_SHEAD, F_SLAST, F_HOLD,
- F_LASTFRAME) = range(25)
+# (what expire_kernel's pass over every slot reads comes first, so that pass touches one or two cache lines a slot)
+(F_STATE, F_HOLD, F_LASTFRAME, F_TS1, F_FINRST, F_REV, F_FID, F_PACKETS, F_PAYLOAD, F_WIRE, F_BIG, F_MAXP,
+ F_FIRST, F_TS0, F_MSS, F_INITED, F_MAXEND, F_NHOLES, F_GAP, F_RETRANS, F_OOO, F_HHEAD, F_HLAST, F_SHEAD,
+ F_SLAST) = range(25)
 NF = 25
 FREE, ALIVE, ZOMBIE = 0, 1, 2  # ZOMBIE: ended, out of the key table, its row not yet written
 # --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest ----------------------
@@ -520,23 +521,38 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
     Ended: retired during the batch (ZL), or alive and ended by ``now``; ``everything``: every flow (end of the
     capture). Flows whose id is in ``held`` (GRO entries still held), and flows with a packet at frame
     ``hold_from`` or later (rows a later stage has not fed yet), wait for a later call. With ``full`` every slot
-    is judged and ``TO[2]`` becomes the earliest deadline of the flows left alive; without, only the retired
-    ones are (the caller knows no alive flow's deadline has passed: ``FlowTable.expire``)."""
+    is judged and ``TO[2]`` becomes the earliest deadline of the flows left alive (or an earlier one, which only
+    brings the next full pass sooner); without, only the retired ones are (the caller knows no alive flow's
+    deadline has passed: ``FlowTable.expire``)."""
     idle = TO[0]
     close = TO[1]
     cap = F.shape[0]
     _set_hold(F, FK, FV, held, 1)
     # mark first, free after: both directions of a connection are judged on the same facts
     k = 0
-    nheld = 0  # without full: the held zombies, kept at ZL[cap:]
+    nheld = 0  # the held zombies, kept at ZL[cap:]
+    dmin = np.int64(_I64_MAX)  # with full: the earliest deadline of the flows left alive (or earlier)
     if full:
         for s in range(cap):
             st = F[s, F_STATE]
-            if st == FREE or F[s, F_HOLD] or F[s, F_LASTFRAME] >= hold_from:
+            if st == FREE:
                 continue
-            if st == ZOMBIE or everything or _ended(F, s, now, idle, close):
+            if F[s, F_HOLD] or F[s, F_LASTFRAME] >= hold_from:
+                if st == ZOMBIE:
+                    ZL[cap + nheld] = s
+                    nheld += 1
+                else:
+                    dmin = min(dmin, _deadline(F, s, idle, close))
+            elif st == ZOMBIE or everything:
                 ZL[k] = s
                 k += 1
+            else:
+                d = _deadline(F, s, idle, close)
+                if now > d:
+                    ZL[k] = s
+                    k += 1
+                elif d < dmin:
+                    dmin = d
     else:
         for q in range(ST[S_NZOMB]):
             s = ZL[q]
@@ -588,30 +604,18 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
         r = F[s, F_REV]
         if r >= 0 and F[r, F_REV] == s:
             F[r, F_REV] = -1
+            if full and F[r, F_STATE] == ALIVE:  # its deadline is its own now (the one above stays: dmin is
+                dmin = min(dmin, _deadline(F, r, idle, close))  # then early, which only brings a full pass sooner)
         F[s, F_STATE] = FREE
         FREE_[ST[S_FREE_TOP]] = s
         ST[S_FREE_TOP] += 1
-    # zombies that were held: list them again; the earliest deadline of the flows left alive
-    nz2 = 0
     if full:
-        dmin = np.int64(_I64_MAX)
-        for s in range(cap):
-            st = F[s, F_STATE]
-            if st == ZOMBIE:
-                ZL[nz2] = s
-                nz2 += 1
-            elif st == ALIVE:
-                d = _deadline(F, s, idle, close)
-                if d < dmin:  # noqa: PLR1730 - no store in the common case
-                    dmin = d
-            F[s, F_HOLD] = 0
         TO[2] = dmin
-    else:
-        for q in range(nheld):
-            ZL[q] = ZL[cap + q]
-        nz2 = nheld
-        _set_hold(F, FK, FV, held, 0)
-    ST[S_NZOMB] = nz2
+    # zombies that were held: list them again
+    for q in range(nheld):
+        ZL[q] = ZL[cap + q]
+    _set_hold(F, FK, FV, held, 0)
+    ST[S_NZOMB] = nheld
     return rows
 
 
