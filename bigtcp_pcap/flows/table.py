@@ -158,6 +158,8 @@ def _deadline(F, s, idle, close):
 @njit(cache=True, inline="always")
 def _ended(F, s, t, idle, close):
     """Has slot s's connection ended by time t (idle, or closed and then quiet)?"""
+    if t <= F[s, F_TS1] + min(idle, close):  # its own last packet is recent: the deadline is at least that late,
+        return False  # whatever the reverse direction's row says (not read: on many flows, a cache miss a packet)
     return t > _deadline(F, s, idle, close)
 
 
