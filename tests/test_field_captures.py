@@ -222,3 +222,24 @@ def test_an_empty_file_is_a_capture_of_no_packets(tmp_path):
     assert not a.partial and a.info.packets == 0
     (row,) = _findings(a)["capture.empty"]
     assert "(24 bytes)" in row["message"]
+
+
+@pytest.mark.parametrize("gap_s", [1, 10])
+def test_flows_near_the_last_representable_nanosecond(tmp_path, gap_s):
+    """A pcapng can time packets up to 2**63 - 1 ns (2262). A flow's deadline (last packet + timeout) saturates
+    there instead of wrapping to a time long gone, which split one connection into a new flow per packet: packets
+    100 s before that end, ``gap_s`` apart and both ways, stay one flow per direction, one conversation as tshark's
+    tcp.stream says. (At 10 s the forward direction is quieter than the 5 s close timeout, so the connection's
+    deadline is computed from both directions.)"""
+    ip = ipv4(20 + 200)
+    back = eth(0x0800) + ip[:12] + ip[16:20] + ip[12:16] + ip[20:] + tcp(sport=5201, dport=40000, seq=1, ack=1200)
+    t0 = 2**63 - 1 - 100 * 10**9
+    frames = [(t0, PKT), (t0 + gap_s * 10**9, back + b"y" * 200), (t0 + 2 * gap_s * 10**9, PKT)]
+    cap = tmp_path / "late.pcapng"
+    cap.write_bytes(pcapng_shb() + pcapng_idb(1, tsresol=9) + b"".join(pcapng_epb(0, t, f) for t, f in frames))
+    rows = tshark_fields(cap, ["tcp.stream", "frame.time_epoch"])
+    assert [r["tcp.stream"] for r in rows] == ["0", "0", "0"]
+    assert [r["frame.time_epoch"] for r in rows] == [f"{t // 10**9}.{t % 10**9:09d}" for t, _ in frames]
+    a = bigtcp_pcap.analyze(cap, audit=False, outdir=tmp_path / "out")
+    flows = pq.read_table(a.outdir / "flows.parquet").to_pylist()
+    assert sorted((r["sport"], r["packets"]) for r in flows) == [(5201, 1), (40000, 2)]

@@ -152,13 +152,18 @@ def _deadline(F, s, idle, close):
         last = max(last, F[r, F_TS1])
         frr = F[r, F_FINRST]
     closed = ((fr | frr) & 2) != 0 or ((fr & 1) != 0 and (frr & 1) != 0)
-    return last + (min(idle, close) if closed else idle)
+    to = min(idle, close) if closed else idle
+    if last > _I64_MAX - to:  # saturated: past the last representable nanosecond (a pcapng can come that close,
+        return _I64_MAX  # and the sum wrapped to a deadline long gone)
+    return last + to
 
 
 @njit(cache=True, inline="always")
 def _ended(F, s, t, idle, close):
     """Has slot s's connection ended by time t (idle, or closed and then quiet)?"""
-    if t <= F[s, F_TS1] + min(idle, close):  # its own last packet is recent: the deadline is at least that late,
+    m = min(idle, close)
+    ts1 = F[s, F_TS1]
+    if ts1 > _I64_MAX - m or t <= ts1 + m:  # its own last packet is recent: the deadline is at least that late,
         return False  # whatever the reverse direction's row says (not read: on many flows, a cache miss a packet)
     return t > _deadline(F, s, idle, close)
 

@@ -39,7 +39,7 @@ from ..decode.schema import TH_ACK, PacketBatch
 from ..flows.table import EMPTY, _digest, _fmix
 
 _U32 = np.uint64(0xFFFFFFFF)
-_NO_KEY = np.uint64(0)  # no ACK key is known absent (a digest of 0 would only be looked up twice)
+_NO_KEY = np.uint64(0)  # no ACK key is known absent (an ACK key whose digest is 0 is then not looked up: 2**-64)
 
 
 @njit(cache=True, inline="always")
@@ -212,7 +212,9 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
             pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
         here = (g & 1) * size
         # the reverse direction's busy state: none when it sent no data in this generation or the previous one,
-        # and then neither table holds a key of it either (one-way captures: every ACK lookup skipped)
+        # and then neither table holds a key of it either (one-way captures: every ACK lookup skipped). Keys are
+        # 64-bit digests of (direction, end): only a digest collision with another direction's key could have
+        # matched, and flagged a segment that was not ACKed
         e = np.int64(-1)
         if flags[i] & TH_ACK:
             e = _conn(CK, CU, CI, CS, ST, rev, here, size - here, tmask, False)
