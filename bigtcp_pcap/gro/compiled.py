@@ -637,7 +637,14 @@ def _rehash(tab, khash, ngid):
         j = np.int64(khash[g] & mask)
         while tab[j] >= 0:
             j = (j + 1) & (tab.shape[0] - 1)
-        tab[j] = g
+        tab[j] = _tagged(khash[g], g)
+
+
+@njit(cache=True, inline="always")
+def _tagged(h, g):
+    """A gid table entry: the gid under 31 high bits of its key's digest, so that a probe passing another key's
+    entry tells it apart without reading that key's row (a cache miss on many flows)."""
+    return (np.int64(h >> np.uint64(33)) << np.int64(32)) | np.int64(g)
 
 
 @njit(cache=True, entry=True,
@@ -670,9 +677,10 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
             continue
         h = _mix(k0 * _K0 + k1 * _K1 + k2 * _K2 + k3 * _K3 + k4 * _K4 + k5 * _K5 + k6 * _K6 + k7 * _K7 + k8, _M1)
         j = np.int64(h & mask)
+        tag = np.int64(h >> np.uint64(33))
         while True:
-            g = tab[j]
-            if g < 0:
+            te = tab[j]
+            if te < 0:
                 if ngid >= keys.shape[0] or 2 * (ngid + 1) > size:
                     ST[0] = ngid
                     ST[1] = nnew
@@ -681,14 +689,15 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
                 ngid += 1
                 keys[g, 0], keys[g, 1], keys[g, 2], keys[g, 3], keys[g, 4] = k0, k1, k2, k3, k4
                 keys[g, 5], keys[g, 6], keys[g, 7], keys[g, 8] = k5, k6, k7, k8
-                tab[j] = g
+                tab[j] = _tagged(h, g)
                 khash[g] = h
                 new_rows[nnew] = i
                 nnew += 1
                 break
-            if keys[g, 6] == k6 and keys[g, 2] == k2 and keys[g, 3] == k3 and keys[g, 4] == k4 \
-                    and keys[g, 5] == k5 and keys[g, 0] == k0 and keys[g, 1] == k1 and keys[g, 7] == k7 \
-                    and keys[g, 8] == k8:
+            g = te & np.int64(0xFFFFFFFF)
+            if (te >> np.int64(32)) == tag and keys[g, 6] == k6 and keys[g, 2] == k2 and keys[g, 3] == k3 \
+                    and keys[g, 4] == k4 and keys[g, 5] == k5 and keys[g, 0] == k0 and keys[g, 1] == k1 \
+                    and keys[g, 7] == k7 and keys[g, 8] == k8:
                 break
             j = (j + 1) & (size - 1)
         gids[i] = g
@@ -805,7 +814,7 @@ class CompiledGroEngine:
         self._FR = np.zeros(1, np.int64)
         self._keys = np.zeros((64, NKEY), np.uint64)  # exact flow key per gid
         self._khash = np.zeros(64, np.uint64)  # its table digest
-        self._tab = np.full(256, -1, np.int64)  # hash table: slot -> gid, at most half full
+        self._tab = np.full(256, -1, np.int64)  # hash table: slot -> tagged gid (_tagged), at most half full
         # per flow direction (SYN MSS): direction key -> did in a compiled open-addressing table
         self._D = np.zeros(16, np.int64)
         self._DK = np.zeros((16, 5), np.uint64)
