@@ -53,6 +53,7 @@ NR = 23
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
 
 EMPTY, TOMB = np.int64(-1), np.int64(-2)
+_SLOT = np.int64(0xFFFFFFFF)  # the slot bits of a key table entry (_tagged)
 _I64_MAX = np.int64((1 << 63) - 1)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -117,22 +118,30 @@ def rehash_map(K, V, K2, V2):
 @njit(cache=True, entry=True,
       sig="i64[::1], u64[:, ::1], i64[::1]")
 def rehash_keys(TAB, KY, TAB2):
-    """Insert the live slots of the key table TAB into the empty TAB2 (digests in KY[:, 5])."""
+    """Insert the live entries of the key table TAB into the empty TAB2 (digests in KY[:, 5])."""
     m = TAB2.shape[0] - 1
     for j in range(TAB.shape[0]):
-        s = TAB[j]
-        if s >= 0:
-            i = np.int64(KY[s, 5] & np.uint64(m))
+        e = TAB[j]
+        if e >= 0:
+            i = np.int64(KY[e & _SLOT, 5] & np.uint64(m))
             while TAB2[i] >= 0:
                 i = (i + 1) & m
-            TAB2[i] = s
+            TAB2[i] = e
+
+
+@njit(cache=True, inline="always")
+def _tagged(h, s):
+    """A key table entry: slot s under 31 high bits of its key's digest h, so that a probe passing another key's
+    entry tells it apart without reading that key's row (a cache miss on many flows). EMPTY and TOMB stay < 0."""
+    return (np.int64(h >> np.uint64(33)) << np.int64(32)) | np.int64(s)
 
 
 @njit(cache=True, inline="always")
 def _tab_remove(TAB, KY, s):
     m = TAB.shape[0] - 1
     j = np.int64(KY[s, 5] & np.uint64(m))
-    while TAB[j] != s:
+    e = _tagged(KY[s, 5], s)
+    while TAB[j] != e:
         j = (j + 1) & m
     TAB[j] = TOMB
 
@@ -282,13 +291,16 @@ def _find(TAB, KY, w, s0, s1, d0, d1, h):
     """Slot of the exact key, or -1."""
     m = TAB.shape[0] - 1
     j = np.int64(h & np.uint64(m))
+    tag = np.int64(h >> np.uint64(33))
     while True:
-        g = TAB[j]
-        if g == EMPTY:
+        e = TAB[j]
+        if e == EMPTY:
             return np.int64(-1)
-        if g >= 0 and KY[g, 5] == h and KY[g, 0] == w and KY[g, 1] == s0 and KY[g, 2] == s1 \
-                and KY[g, 3] == d0 and KY[g, 4] == d1:
-            return g
+        if e >= 0 and (e >> np.int64(32)) == tag:
+            g = e & _SLOT
+            if KY[g, 5] == h and KY[g, 0] == w and KY[g, 1] == s0 and KY[g, 2] == s1 and KY[g, 3] == d0 \
+                    and KY[g, 4] == d1:
+                return g
         j = (j + 1) & m
 
 
@@ -368,7 +380,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
                 j = (j + 1) & m
             if TAB[j] == EMPTY:
                 ST[S_TAB_FILL] += 1
-            TAB[j] = f
+            TAB[j] = _tagged(h, f)
             ST[S_ALIVE] += 1
             fk = np.uint64(g)
             ST[S_FM_FILL] += _hm_insert(FK, FV, fk, _fmix(_SEED, fk), f)
