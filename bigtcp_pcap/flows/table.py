@@ -53,7 +53,7 @@ NR = 23
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
 
 EMPTY, TOMB = np.int64(-1), np.int64(-2)
-_SLOT = np.int64(0xFFFFFFFF)  # the slot bits of a key table entry (_tagged)
+_SLOT = np.int64(0xFFFFFFFF)  # the index bits of a key table entry (_tagged)
 _I64_MAX = np.int64((1 << 63) - 1)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -131,8 +131,9 @@ def rehash_keys(TAB, KY, TAB2):
 
 @njit(cache=True, inline="always")
 def _tagged(h, s):
-    """A key table entry: slot s under 31 high bits of its key's digest h, so that a probe passing another key's
-    entry tells it apart without reading that key's row (a cache miss on many flows). EMPTY and TOMB stay < 0."""
+    """An entry of a key table (this one, slot -> flow slot; the GRO engine's, slot -> gid): index s under 31
+    high bits of its key's digest h, so that a probe passing another key's entry tells it apart without reading
+    that key's row (a cache miss on many flows). EMPTY and TOMB stay < 0; ``e & _SLOT`` is the index."""
     return (np.int64(h >> np.uint64(33)) << np.int64(32)) | np.int64(s)
 
 

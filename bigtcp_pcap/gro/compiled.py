@@ -50,6 +50,7 @@ import numpy as np
 from .._native import njit
 from ..buffers import lazy_zeros
 from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_PSH, TH_SYN, PacketBatch
+from ..flows.table import _SLOT, _tagged
 from . import reasons as R
 from . import rules
 from .config import GroConfig
@@ -640,13 +641,6 @@ def _rehash(tab, khash, ngid):
         tab[j] = _tagged(khash[g], g)
 
 
-@njit(cache=True, inline="always")
-def _tagged(h, g):
-    """A gid table entry: the gid under 31 high bits of its key's digest, so that a probe passing another key's
-    entry tells it apart without reading that key's row (a cache miss on many flows)."""
-    return (np.int64(h >> np.uint64(33)) << np.int64(32)) | np.int64(g)
-
-
 @njit(cache=True, entry=True,
       sig=("i8[::1], (u64[::1], u64[::1], u64[:], u64[:], u64[:], u64[:], u64[::1], u64[::1], u64[::1]), "
           "i64, i64[::1], i64[::1], u64[:, ::1], u64[::1], i64[::1], i64[::1]"))
@@ -694,7 +688,7 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
                 new_rows[nnew] = i
                 nnew += 1
                 break
-            g = te & np.int64(0xFFFFFFFF)
+            g = te & _SLOT
             if (te >> np.int64(32)) == tag and keys[g, 6] == k6 and keys[g, 2] == k2 and keys[g, 3] == k3 \
                     and keys[g, 4] == k4 and keys[g, 5] == k5 and keys[g, 0] == k0 and keys[g, 1] == k1 \
                     and keys[g, 7] == k7 and keys[g, 8] == k8:
