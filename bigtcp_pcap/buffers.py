@@ -31,6 +31,17 @@ def lazy_zeros(shape: int | tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dt).reshape(shape)
 
 
+def table_full(shape: int | tuple[int, ...], fill, dtype) -> np.ndarray:
+    """``np.full`` for the tables a run rebuilds or grows as it goes (hash tables rebuilt without their tombstones,
+    tables that double): from ``LAZY_MIN_BYTES`` on, each is its own memory map, given back whole when it is
+    replaced. From the heap, a table of a few MiB rebuilt every few batches left a hole of its size between the
+    batch arrays each time, and the heap grew with the run's length."""
+    a = lazy_zeros(shape, dtype)
+    if fill:
+        a.fill(fill)
+    return a
+
+
 # glibc malloc policy of the processes that run analyses (the CLI, its --jobs workers, Dask tasks)
 MMAP_THRESHOLD = (4 << 20) + (1 << 16)  # a batch's columns and its 4 MiB record buffer stay on the heap
 TRIM_THRESHOLD = 8 << 20

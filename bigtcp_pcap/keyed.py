@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ._native import njit
+from .buffers import table_full
 
 ROOM_STEP = 1 << 12  # new keys made room for at a time (at least; half those held when more)
 PRUNE_MIN = 1 << 16  # keys held before the first pruning (then 1.5 times the keys kept by the last one)
@@ -119,7 +120,8 @@ class KeyedSums:
         n = len(self)
         if n + m > self._K.shape[0]:
             cap = max(n + m, self._K.shape[0] * 3 // 2, 64)
-            K, S, F = np.zeros(cap, np.int64), np.zeros((cap, self.width), np.int64), np.zeros(cap, np.int64)
+            K, S, F = (table_full(cap, 0, np.int64), table_full((cap, self.width), 0, np.int64),
+                       table_full(cap, 0, np.int64))
             K[:n], S[:n], F[:n] = self._K[:n], self._S[:n], self._F[:n]
             self._K, self._S, self._F = K, S, F
         if 2 * (n + m) > self._T.shape[0]:
@@ -129,7 +131,10 @@ class KeyedSums:
             self._rebuild(size)
 
     def _rebuild(self, size: int) -> None:
-        self._T = np.full(size, -1, np.int64)
+        if self._T.shape[0] == size:  # (after a pruning: the same table, not a new one beside it: buffers.table_full)
+            self._T.fill(-1)
+        else:
+            self._T = table_full(size, -1, np.int64)
         keyed_rehash(self._T, self._K, np.int64(len(self)))
 
     def _prune(self) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._native import njit
-from ..buffers import lazy_zeros
+from ..buffers import lazy_zeros, table_full
 from ..decode.schema import BIGTCP_NONE, ST_TRUNC_L4, TH_FIN, TH_RST, TH_SYN, PacketBatch
 from ..output.arrow import array
 
@@ -109,7 +109,7 @@ def _hm_insert(K, V, key, h, val):
 @njit(cache=True, entry=True,
       sig="u64[::1], i64[::1], u64[::1], i64[::1]")
 def rehash_map(K, V, K2, V2):
-    """Insert the live entries of (K, V) into the empty map (K2, V2)."""
+    """Insert the live entries of (K, V) into the empty map (K2, V2) (K, V may be a compact copy: every entry live)."""
     for j in range(V.shape[0]):
         if V[j] >= 0:
             _hm_insert(K2, V2, K[j], _fmix(_SEED, K[j]), V[j])
@@ -118,7 +118,8 @@ def rehash_map(K, V, K2, V2):
 @njit(cache=True, entry=True,
       sig="i64[::1], u64[:, ::1], i64[::1]")
 def rehash_keys(TAB, KY, TAB2):
-    """Insert the live entries of the key table TAB into the empty TAB2 (digests in KY[:, 5])."""
+    """Insert the live entries of the key table TAB (or a compact copy of them) into the empty TAB2 (digests in
+    KY[:, 5])."""
     m = TAB2.shape[0] - 1
     for j in range(TAB.shape[0]):
         e = TAB[j]
@@ -738,20 +739,20 @@ class FlowTable:
         old = self.F.shape[0]
         if cap <= old:
             return
-        F = np.zeros((cap, NF), np.int64)
+        F = table_full((cap, NF), 0, np.int64)
         F[:old] = self.F
-        KY = np.zeros((cap, NKY), np.uint64)
+        KY = table_full((cap, NKY), 0, np.uint64)
         KY[:old] = self.KY
         # holes are read only below a slot's F_NHOLES: only slots with holes are copied (the rest of the new
         # table stays unmapped until a flow there has a hole)
         H = lazy_zeros((cap, MAX_HOLES, 2), np.int64)
         with_holes = np.flatnonzero(self.F[:, F_NHOLES] > 0)
         H[with_holes] = self.H[with_holes]
-        FREE_ = np.zeros(cap, np.int64)
+        FREE_ = table_full(cap, 0, np.int64)
         top = int(self.ST[S_FREE_TOP])
         FREE_[:top] = self.FREE[:top]
         FREE_[top: top + cap - old] = np.arange(cap - 1, old - 1, -1)  # new slots, lowest popped first
-        ZL = np.zeros(2 * cap, np.int64)
+        ZL = table_full(2 * cap, 0, np.int64)
         ZL[: self.ZL.shape[0]] = self.ZL
         self.F, self.KY, self.H, self.FREE, self.ZL = F, KY, H, FREE_, ZL
         self.ST[S_FREE_TOP] = top + cap - old
@@ -762,27 +763,41 @@ class FlowTable:
             return
         new = []
         for a in (self.EL, self.EC, self.EN):
-            b = np.zeros(cap, np.int64)
+            b = table_full(cap, 0, np.int64)
             b[:old] = a
             new.append(b)
         self.EL, self.EC, self.EN = new
-        self._WL, self._WC = np.zeros(cap, np.int64), np.zeros(cap, np.int64)
+        self._WL, self._WC = table_full(cap, 0, np.int64), table_full(cap, 0, np.int64)
 
     @staticmethod
-    def _room(K: np.ndarray | None, V: np.ndarray, fill: int, live: int, more: int):
+    def _room(K: np.ndarray | None, V: np.ndarray, fill: int, live: int, more: int, KY: np.ndarray | None = None):
         """(K, V) with room for ``more`` inserts at most half full, rebuilt without tombstones when needed: at
         least 3 slots per live key and insert (a third full, so the half-full mark is at least half the live
-        keys away: rebuilds stay amortised O(1), and the table is not twice the size that needs)."""
+        keys away: rebuilds stay amortised O(1), and the table is not twice the size that needs). ``K`` None: V
+        is a key table (entries index ``KY``, whose digests place them).
+
+        A table that only its tombstones filled (a steady flow count: every few batches) is rebuilt in place
+        from a compact copy of its live entries: a new table beside the old one stacked both (the 512k-slot
+        histogram map: 8 MiB) on top of the run's memory each time."""
         if 2 * (fill + more) <= V.shape[0]:
             return K, V, fill
         size = V.shape[0]
         while size < 3 * (live + more):
             size *= 2
-        V2 = np.full(size, -1, np.int64)
+        if size == V.shape[0]:
+            keep = V >= 0
+            Vc = V[keep]
+            Kc = None if K is None else K[keep]
+            K2, V2 = K, V
+            V2.fill(EMPTY)
+        else:
+            Kc, Vc = K, V
+            V2 = table_full(size, EMPTY, np.int64)
+            K2 = None if K is None else table_full(size, 0, np.uint64)
         if K is None:
-            return None, V2, live
-        K2 = np.zeros(size, np.uint64)
-        rehash_map(K, V, K2, V2)
+            rehash_keys(Vc, KY, V2)
+        else:
+            rehash_map(Kc, Vc, K2, V2)
         return K2, V2, live
 
     def _reserve(self, flows: int, entries: int) -> None:
@@ -791,9 +806,7 @@ class FlowTable:
             self._grow_slots(max(2 * self.F.shape[0], self.F.shape[0] + flows))
         live = self.F.shape[0] - int(ST[S_FREE_TOP])
         if 2 * (int(ST[S_TAB_FILL]) + flows) > self.TAB.shape[0]:
-            _, TAB2, _ = self._room(None, self.TAB, int(ST[S_TAB_FILL]), live, flows)
-            rehash_keys(self.TAB, self.KY, TAB2)
-            self.TAB = TAB2
+            _, self.TAB, _ = self._room(None, self.TAB, int(ST[S_TAB_FILL]), live, flows, self.KY)
             ST[S_TAB_FILL] = int(ST[S_ALIVE])
         self.FK, self.FV, ST[S_FM_FILL] = self._room(self.FK, self.FV, int(ST[S_FM_FILL]), live, flows)
         used = int(ST[S_HTOP]) - int(ST[S_HFREE_N])
