@@ -48,7 +48,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .._native import njit
-from ..buffers import lazy_zeros
+from ..buffers import lazy_zeros, table_full
 from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_PSH, TH_SYN, PacketBatch
 from ..flows.table import _SLOT, _tagged
 from . import reasons as R
@@ -959,13 +959,13 @@ class CompiledGroEngine:
             if i >= n:
                 break
             if st[0] >= self._keys.shape[0]:
-                keys = np.zeros((2 * self._keys.shape[0], NKEY), np.uint64)
+                keys = table_full((2 * self._keys.shape[0], NKEY), 0, np.uint64)
                 keys[: self._keys.shape[0]] = self._keys
-                khash = np.zeros(2 * self._keys.shape[0], np.uint64)
+                khash = table_full(2 * self._keys.shape[0], 0, np.uint64)
                 khash[: self._keys.shape[0]] = self._khash
                 self._keys, self._khash = keys, khash
             if 2 * (st[0] + 1) > self._tab.shape[0]:
-                self._tab = np.full(2 * self._tab.shape[0], -1, np.int64)
+                self._tab = table_full(2 * self._tab.shape[0], -1, np.int64)
                 _rehash(self._tab, self._khash, int(st[0]))
         self._ngid = int(st[0])
         if self._ngid > g0:
@@ -1003,16 +1003,16 @@ class CompiledGroEngine:
         need = int(self._DST[0]) + 2 * m
         if need > self._DK.shape[0]:
             cap = max(need, 2 * self._DK.shape[0])
-            DK = np.zeros((cap, 5), np.uint64)
+            DK = table_full((cap, 5), 0, np.uint64)
             DK[: self._DK.shape[0]] = self._DK
-            D = np.zeros(cap, np.int64)
+            D = table_full(cap, 0, np.int64)
             D[: self._D.shape[0]] = self._D
             self._DK, self._D = DK, D
         if 2 * need > self._DTAB.shape[0]:
             size = self._DTAB.shape[0]
             while size < 4 * need:
                 size *= 2
-            self._DTAB = np.full(size, -1, np.int64)
+            self._DTAB = table_full(size, -1, np.int64)
             _dir_rehash(self._DK, int(self._DST[0]), self._DTAB)
         _dir_ids(self._S, self._keys, g0, g1, self._DK, self._DTAB, self._DST)
 
@@ -1036,8 +1036,9 @@ class CompiledGroEngine:
         cap = 2 * k + FEED_ROOM
         _compact(self._S, self._keys, self._khash, old)  # the kept rows move down, one at a time (no copy of them)
         if self._S.shape[0] < cap or self._keys.shape[0] < cap:
-            S2, keys = np.zeros((cap, NSF), np.int64), np.zeros((cap, NKEY), np.uint64)
-            khash = np.zeros(cap, np.uint64)
+            cap += cap // 4  # headroom: the next recycles of a steady key count find room here (no new tables)
+            S2, keys = table_full((cap, NSF), 0, np.int64), table_full((cap, NKEY), 0, np.uint64)
+            khash = table_full(cap, 0, np.uint64)
             S2[:k], keys[:k], khash[:k] = self._S[:k], self._keys[:k], self._khash[:k]
         else:
             S2, keys, khash = self._S, self._keys, self._khash
@@ -1046,22 +1047,30 @@ class CompiledGroEngine:
             S2[:k, c] = new_of[S2[:k, c]]
         for c in (B_HEAD, B_TAIL):
             self._B[:, :, c] = new_of[self._B[:, :, c]]
+        # The key and direction tables are rebuilt in the arrays they had when those are the right size: a steady
+        # key count recycles every few batches, and new tables each time (a few MiB on the heap, or fresh maps
+        # faulted in again) scattered the heap and stacked old and new tables at the run's peak
         size = 256
         while size < 2 * (k + 1):
             size *= 2
-        self._tab = np.full(size, -1, np.int64)
+        if self._tab.shape[0] == size:
+            self._tab.fill(-1)
+        else:
+            self._tab = table_full(size, -1, np.int64)
         _rehash(self._tab, khash, k)
         # directions: rebuilt for the kept keys, their SYN MSS carried over
-        D_old = self._D
-        did_old, rdid_old = S2[:k, G_DID].copy(), S2[:k, G_RDID].copy()
+        mss, rmss = self._D[S2[:k, G_DID]], self._D[S2[:k, G_RDID]]
         self._S, self._keys, self._khash, self._ngid = S2, keys, khash, k
-        self._D = np.zeros(2 * cap, np.int64)  # two direction ids per key at most
-        self._DK = np.zeros((2 * cap, 5), np.uint64)
-        self._DTAB = np.full(64, -1, np.int64)
+        if self._DK.shape[0] >= 2 * cap:  # two direction ids per key at most
+            self._D[: int(self._DST[0])] = 0  # (DK rows are written whole when an id is given; DTAB is cleared)
+        else:
+            self._D = table_full(2 * cap, 0, np.int64)
+            self._DK = table_full((2 * cap, 5), 0, np.uint64)
+        self._DTAB.fill(-1)
         self._DST[0] = 0
         if k:
             self._dids(0, k)
-            self._D[S2[:k, G_DID]] = D_old[did_old]
-            self._D[S2[:k, G_RDID]] = D_old[rdid_old]
+            self._D[S2[:k, G_DID]] = mss
+            self._D[S2[:k, G_RDID]] = rmss
         self._recycle_at = max(RECYCLE_MIN, 2 * k)
         return n - k
