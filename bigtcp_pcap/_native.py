@@ -111,6 +111,45 @@ def import_closure(modules: tuple[str, ...] = KERNEL_MODULES) -> list[str]:
 _cache_dir_set = False
 
 
+def prefetch(a, i) -> None:
+    """Ask the CPU to bring element ``i`` of array ``a`` into its caches (LLVM ``llvm.prefetch``: a read, kept
+    in every cache level) without waiting for it; in plain Python it does nothing. A hash probe whose slot is
+    known a few rows ahead overlaps its cache miss with the rows in between instead of stalling on it."""
+
+
+_prefetch_registered = False
+
+
+def _register_prefetch(numba) -> None:
+    global _prefetch_registered
+    if _prefetch_registered:
+        return
+    _prefetch_registered = True
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic, overload
+
+    @intrinsic
+    def _llvm_prefetch(typingctx, arr, idx):
+        def codegen(context, builder, signature, args):
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                                "llvm.prefetch.p0")
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.void(arr, idx), codegen
+
+    @overload(prefetch, inline="always")
+    def _prefetch_impl(a, i):
+        def impl(a, i):
+            _llvm_prefetch(a, i)
+        return impl
+
+
 def _numba():
     """numba, with its on-disk cache in a directory named by the digest of the kernels' import closure.
 
@@ -121,6 +160,7 @@ def _numba():
     global _cache_dir_set
     import numba
 
+    _register_prefetch(numba)
     if not _cache_dir_set:
         _cache_dir_set = True
         if not os.environ.get("NUMBA_CACHE_DIR"):

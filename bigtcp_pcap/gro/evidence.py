@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .._native import njit
+from .._native import njit, prefetch
 from ..buffers import lazy_zeros
 from ..decode.schema import TH_ACK, PacketBatch
 from ..flows.table import EMPTY, _digest, _fmix
@@ -142,13 +142,57 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
         CS[e, CS_TAIL] = -1
 
 
+AHEAD = 8  # rows between a row's digests and prefetches and its turn in ``evidence_scan`` (a ring of 16 in DG)
+
+
+@njit(cache=True, inline="always")
+def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size, tmask, TK, TV,
+           CK, CU, CI, DG):
+    """Row ``ia``'s two direction digests into DG (ring slot ``ia & 15``: forward, reverse, 1 when it is a TCP
+    row the scan looks at), and a prefetch of the table slots its turn will probe: the scan reaches it
+    ``AHEAD`` rows later, and by then the cache misses of those random slots have overlapped the rows in
+    between instead of stalling each one in turn (most of the scan's time was the miss on its segment-end slot).
+    A run of one flow's rows takes the digests of the row before it (no mixing)."""
+    q = ia & 15
+    v = ver[ia]
+    if proto[ia] != 6 or l4_off[ia] < 0 or (v != 4 and v != 6):
+        DG[q, 2] = 0
+        return
+    p = (ia - 1) & 15
+    if ia > 0 and DG[p, 2] != 0 and ver[ia - 1] == v and sport[ia - 1] == sport[ia] and dport[ia - 1] == dport[ia] \
+            and src[ia - 1, 0] == src[ia, 0] and src[ia - 1, 1] == src[ia, 1] and dst[ia - 1, 0] == dst[ia, 0] \
+            and dst[ia - 1, 1] == dst[ia, 1]:
+        f, rv = DG[p, 0], DG[p, 1]
+    else:
+        f, rv = _directions(v, src[ia, 0], src[ia, 1], dst[ia, 0], dst[ia, 1], sport[ia], dport[ia])
+    DG[q, 0], DG[q, 1], DG[q, 2] = f, rv, 1
+    ha = ((row0 + ia) >> gshift & 1) * size
+    if plen[ia] > 0:
+        j = ha + np.int64(_fmix(f, (np.uint64(seq[ia]) + np.uint64(plen[ia])) & _U32) & np.uint64(tmask))
+        prefetch(TV, j)
+        prefetch(TK, j)
+        j = ha + np.int64(f & np.uint64(tmask))
+        prefetch(CU, j)
+        prefetch(CK, j)
+        prefetch(CI, j)
+    if flags[ia] & TH_ACK:
+        j = ha + np.int64(rv & np.uint64(tmask))
+        prefetch(CU, j)
+        prefetch(CK, j)
+        prefetch(CI, j)
+        if plen[ia] == 0:  # (a data row's ACK is mostly of a one-way flow's: no lookup)
+            j = np.int64(_fmix(rv, np.uint64(ack[ia])) & np.uint64(tmask))
+            prefetch(TV, ha + j)
+            prefetch(TV, size - ha + j)
+
+
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
            "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], "
            "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
-           "i64[::1], i64[::1]"))
+           "i64[::1], i64[::1], u64[:, ::1]"))
 def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
-                  gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST):
+                  gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
     ST = [the generation of the last row, the CS rows each parity's generation has used].
@@ -184,12 +228,15 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     size = np.int64(TV.shape[0] >> 1)  # (both tables by parity have the same size)
     tmask = size - 1
     gen = ST[0]
-    pv = np.uint8(0)  # the previous TCP row's 5-tuple and its two digests: runs of one flow skip the mixing
-    ps0 = ps1 = pd0 = pd1 = np.uint64(0)
-    psp = pdp = np.uint16(0)
-    fwd = rev = np.uint64(0)
+    n = ver.shape[0]
     absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
-    for i in range(ver.shape[0]):
+    for ia in range(min(AHEAD, n)):
+        _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size, tmask, TK,
+               TV, CK, CU, CI, DG)
+    for i in range(n):
+        if i + AHEAD < n:
+            _ahead(i + AHEAD, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size,
+                   tmask, TK, TV, CK, CU, CI, DG)
         r = row0 + i
         FLAG[r & rmask] = 0
         PREV[r & rmask] = -1
@@ -203,13 +250,10 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 CU[j] = 0
             ST[1 + (g & 1)] = 0
             gen = g
-        v = ver[i]
-        if proto[i] != 6 or l4_off[i] < 0 or (v != 4 and v != 6):
+        q = i & 15
+        if DG[q, 2] == 0:  # not a TCP row the scan looks at
             continue
-        s0, s1, d0, d1, sp, dp = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1], sport[i], dport[i]
-        if v != pv or s0 != ps0 or s1 != ps1 or d0 != pd0 or d1 != pd1 or sp != psp or dp != pdp:
-            fwd, rev = _directions(v, s0, s1, d0, d1, sp, dp)
-            pv, ps0, ps1, pd0, pd1, psp, pdp = v, s0, s1, d0, d1, sp, dp
+        fwd, rev = DG[q, 0], DG[q, 1]
         here = (g & 1) * size
         # the reverse direction's busy state: none when it sent no data in this generation or the previous one,
         # and then neither table holds a key of it either (one-way captures: every ACK lookup skipped). Keys are
@@ -388,6 +432,7 @@ class AckEvidence:
         self._TSR = lazy_zeros(ring, np.int64)
         self._BUSY = lazy_zeros(ring, np.int64)
         self._MOVE = np.full(ring, -1, np.int64)
+        self._DG = np.zeros((16, 3), np.uint64)  # evidence_scan's digests of the rows ahead (_ahead)
         self._rows = 0  # rows scanned
         self._held: list[tuple[PacketBatch, Any, int]] = []  # (batch, extra, its first row)
         self._ahead = 0  # rows held after the oldest batch
@@ -405,7 +450,7 @@ class AckEvidence:
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
                           np.int64(BUSY_MAX_NS), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._CK,
                           self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
-                          self._MOVE, self._ST)
+                          self._MOVE, self._ST, self._DG)
         if self._held:
             self._ahead += n
         self._held.append((pb, extra, self._rows))
