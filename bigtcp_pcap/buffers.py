@@ -31,11 +31,16 @@ def lazy_zeros(shape: int | tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dt).reshape(shape)
 
 
-def table_full(shape: int | tuple[int, ...], fill, dtype) -> np.ndarray:
+def table_full(shape: int | tuple[int, ...], fill, dtype, reuse: np.ndarray | None = None) -> np.ndarray:
     """``np.full`` for the tables a run rebuilds or grows as it goes (hash tables rebuilt without their tombstones,
     tables that double): from ``LAZY_MIN_BYTES`` on, each is its own memory map, given back whole when it is
     replaced. From the heap, a table of a few MiB rebuilt every few batches left a hole of its size between the
-    batch arrays each time, and the heap grew with the run's length."""
+    batch arrays each time, and the heap grew with the run's length. ``reuse``: the table being replaced, filled
+    and returned when it has this shape and type (a rebuild at the same size: no second table beside it)."""
+    want = tuple(int(x) for x in np.atleast_1d(shape))
+    if reuse is not None and reuse.shape == want and reuse.dtype == np.dtype(dtype):
+        reuse.fill(fill)
+        return reuse
     a = lazy_zeros(shape, dtype)
     if fill:
         a.fill(fill)

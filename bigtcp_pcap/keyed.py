@@ -131,10 +131,7 @@ class KeyedSums:
             self._rebuild(size)
 
     def _rebuild(self, size: int) -> None:
-        if self._T.shape[0] == size:  # (after a pruning: the same table, not a new one beside it: buffers.table_full)
-            self._T.fill(-1)
-        else:
-            self._T = table_full(size, -1, np.int64)
+        self._T = table_full(size, -1, np.int64, reuse=self._T)  # (after a pruning: mostly the same table)
         keyed_rehash(self._T, self._K, np.int64(len(self)))
 
     def _prune(self) -> None:

@@ -131,11 +131,23 @@ def rehash_keys(TAB, KY, TAB2):
 
 
 @njit(cache=True, inline="always")
+def _tag(h):
+    """The 31 high bits of digest h that a key-table entry carries (``_tagged``)."""
+    return np.int64(h >> np.uint64(33))
+
+
+@njit(cache=True, inline="always")
+def _entry_tag(e):
+    """The digest bits an entry carries: ``_tag(h)`` of its key's digest when the entry is live (e >= 0)."""
+    return e >> np.int64(32)
+
+
+@njit(cache=True, inline="always")
 def _tagged(h, s):
     """An entry of a key table (this one, slot -> flow slot; the GRO engine's, slot -> gid): index s under 31
     high bits of its key's digest h, so that a probe passing another key's entry tells it apart without reading
     that key's row (a cache miss on many flows). EMPTY and TOMB stay < 0; ``e & _SLOT`` is the index."""
-    return (np.int64(h >> np.uint64(33)) << np.int64(32)) | np.int64(s)
+    return (_tag(h) << np.int64(32)) | np.int64(s)
 
 
 @njit(cache=True, inline="always")
@@ -293,12 +305,12 @@ def _find(TAB, KY, w, s0, s1, d0, d1, h):
     """Slot of the exact key, or -1."""
     m = TAB.shape[0] - 1
     j = np.int64(h & np.uint64(m))
-    tag = np.int64(h >> np.uint64(33))
+    tag = _tag(h)
     while True:
         e = TAB[j]
         if e == EMPTY:
             return np.int64(-1)
-        if e >= 0 and (e >> np.int64(32)) == tag:
+        if e >= 0 and _entry_tag(e) == tag:
             g = e & _SLOT
             if KY[g, 5] == h and KY[g, 0] == w and KY[g, 1] == s0 and KY[g, 2] == s1 and KY[g, 3] == d0 \
                     and KY[g, 4] == d1:
@@ -786,14 +798,11 @@ class FlowTable:
             size *= 2
         if size == V.shape[0]:
             keep = V >= 0
-            Vc = V[keep]
-            Kc = None if K is None else K[keep]
-            K2, V2 = K, V
-            V2.fill(EMPTY)
+            Vc, Kc, K2 = V[keep], None if K is None else K[keep], K  # (K is read only where V is live)
         else:
             Kc, Vc = K, V
-            V2 = table_full(size, EMPTY, np.int64)
             K2 = None if K is None else table_full(size, 0, np.uint64)
+        V2 = table_full(size, EMPTY, np.int64, reuse=V)
         if K is None:
             rehash_keys(Vc, KY, V2)
         else:

@@ -50,7 +50,7 @@ import numpy as np
 from .._native import njit
 from ..buffers import lazy_zeros, table_full
 from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_PSH, TH_SYN, PacketBatch
-from ..flows.table import _SLOT, _tagged
+from ..flows.table import _SLOT, _entry_tag, _tag, _tagged
 from . import reasons as R
 from . import rules
 from .config import GroConfig
@@ -671,7 +671,7 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
             continue
         h = _mix(k0 * _K0 + k1 * _K1 + k2 * _K2 + k3 * _K3 + k4 * _K4 + k5 * _K5 + k6 * _K6 + k7 * _K7 + k8, _M1)
         j = np.int64(h & mask)
-        tag = np.int64(h >> np.uint64(33))
+        tag = _tag(h)
         while True:
             te = tab[j]
             if te < 0:
@@ -689,7 +689,7 @@ def _lookup_gids(kind, KC, start, gids, tab, keys, khash, ST, new_rows):
                 nnew += 1
                 break
             g = te & _SLOT
-            if (te >> np.int64(32)) == tag and keys[g, 6] == k6 and keys[g, 2] == k2 and keys[g, 3] == k3 \
+            if _entry_tag(te) == tag and keys[g, 6] == k6 and keys[g, 2] == k2 and keys[g, 3] == k3 \
                     and keys[g, 4] == k4 and keys[g, 5] == k5 and keys[g, 0] == k0 and keys[g, 1] == k1 \
                     and keys[g, 7] == k7 and keys[g, 8] == k8:
                 break
@@ -1053,10 +1053,7 @@ class CompiledGroEngine:
         size = 256
         while size < 2 * (k + 1):
             size *= 2
-        if self._tab.shape[0] == size:
-            self._tab.fill(-1)
-        else:
-            self._tab = table_full(size, -1, np.int64)
+        self._tab = table_full(size, -1, np.int64, reuse=self._tab)
         _rehash(self._tab, khash, k)
         # directions: rebuilt for the kept keys, their SYN MSS carried over
         mss, rmss = self._D[S2[:k, G_DID]], self._D[S2[:k, G_RDID]]
