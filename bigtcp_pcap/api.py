@@ -377,7 +377,7 @@ class _Run:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             _raise_stop(self.stop, error, out_err, self.sinks, out)
         summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels,
-                                     self.gro_stage.late_segments)
+                                     self.gro_stage.late_segments, self.gro_stage.lost_segments)
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
         if self.part:  # the merge makes these of the whole capture from every part's tally
@@ -557,7 +557,7 @@ class _Stats:
             self.receiver_rows[int(r)] += int(k)
 
     def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, cfg: GroConfig,
-                receivers: list[str], late_segments: int = 0) -> dict:
+                receivers: list[str], late_segments: int = 0, lost_segments: int = 0) -> dict:
         dur = ((info.max_ts_ns or 0) - (info.min_ts_ns or 0)) / 1e9  # the span, as capinfos' duration
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
@@ -574,7 +574,7 @@ class _Stats:
             "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common()),
                              "poll_ends": {n: int(self.poll_ends[i]) for i, n in enumerate(POLL_END_NAMES) if i},
                              "receivers": {receivers[r]: k for r, k in self.receiver_rows.most_common()},
-                             "late_segments": late_segments},
+                             "late_segments": late_segments, "lost_segments": lost_segments},
             "findings": dict(self.findings.most_common()),
             "not_fully_decoded": {name: int(self.status[bit]) for bit, name in enumerate(STATUS_NAMES)
                                   if name and self.status[bit]},

@@ -477,10 +477,11 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     keys = _top_keys()  # (a part may have no top flow to copy them from)
     top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
     out["top_flows"] = [{k: _plain(r[k]) for k in keys} for _, r in top.iterrows()]
-    sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}, "late_segments": 0}
+    sp = {"count": 0, "flush_reasons": {}, "poll_ends": {}, "receivers": {}, "late_segments": 0, "lost_segments": 0}
     for s in ss:
         sp["count"] += s["superpackets"]["count"]
         sp["late_segments"] += s["superpackets"].get("late_segments", 0)
+        sp["lost_segments"] += s["superpackets"].get("lost_segments", 0)
         for k in ("flush_reasons", "poll_ends", "receivers"):
             sp[k] = _add(sp[k], s["superpackets"][k])
     out["superpackets"] = sp

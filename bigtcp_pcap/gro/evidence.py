@@ -23,6 +23,8 @@ the receiver (``busy``: when the receiver sent that ACK at the latest; 0 when no
 reverse direction, advance the acknowledged number, carry no SACK block (a SACK or duplicate ACK says a segment
 is missing, not that the receiver is busy), come at most ``WINDOW`` rows and ``BUSY_MAX_NS`` after the segment
 and do not cover its end. Retransmitted or reordered segments (an end not after the flow's last one) get none.
+The receiver's SACKs also show segments that reached it after later data (``move``: fed where it got them) and
+segments that never reached it (``LOST``: sent again after the SACKs showed the hole; left out of the rebuild).
 Sans-IO: batches in, flagged batches out, the window held.
 """
 
@@ -113,9 +115,11 @@ def _new_row(CK, CU, CI, BST, slot, k, here):
 
 # the busy evidence's per-direction state (columns of CS): the waiting segments' first and last row, the last
 # acknowledgment number taken, the last segment taken (its end and row), how many waiting segments a SACK
-# marked missing, the shortest ACK lag seen (-1: none yet) and the time of the direction's last segment
-CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T = range(8)
+# marked missing, the shortest ACK lag seen (-1: none yet), the time of the direction's last segment, and the row
+# of the last segment found lost (-1: none) with the time its copy was sent
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_LOST, CS_LOST_T = range(10)
 PENDING = np.int64(-2)  # MOVE of a segment marked missing whose ACK has not come yet
+LOST = np.int64(-3)  # MOVE of a segment marked missing and then sent again: it never reached the receiver
 
 
 @njit(cache=True, inline="always")
@@ -221,8 +225,11 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     that segment reached the receiver and the segment did not (the receiver would have merged the two into one
     block; a D-SACK, below the ACK number, names no waiting segment). The segment is marked (MOVE = PENDING).
     When an ACK then covers it, at most ``window`` rows and ``max_ns`` after it was sent, with no copy of it sent
-    in between (a retransmission: lost, not late), it reached the stack after the data up to that ACK's number:
-    MOVE of its row is the last segment ending there (-1 when none ends there). Rings by row: NXT, END
+    in between, it reached the stack after the data up to that ACK's number: MOVE of its row is the last segment
+    ending there (-1 when none ends there). A copy sent while it is marked makes it LOST (the receiver never got
+    it: the GRO stage leaves it out), unless the ACK that covers it comes sooner after the copy than the
+    direction's shortest ACK lag: the copy cannot have caused that ACK, so the first one came, late, and is moved
+    as above (the last lost row of a direction and its copy's time: CS_LOST, CS_LOST_T). Rings by row: NXT, END
     (segment end), SEQR (its start), TSR (its time), BUSY, MOVE."""
     rmask = np.int64(FLAG.shape[0] - 1)  # (every ring has the same size)
     size = np.int64(TV.shape[0] >> 1)  # (both tables by parity have the same size)
@@ -319,6 +326,12 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                             MOVE[x & rmask] = last if ok else -1
                             CS[e, CS_NMISS] -= 1
                         x = NXT[x & rmask]
+                x = CS[e, CS_LOST]
+                if 0 <= x <= newest and r - x <= window and MOVE[x & rmask] == LOST:  # an ACK covers the lost one
+                    CS[e, CS_LOST] = -1
+                    if t - CS[e, CS_LOST_T] < CS[e, CS_LAG] and last > x and t - TSR[x & rmask] <= max_ns:
+                        MOVE[x & rmask] = last  # sooner after its copy than any ACK after its segment: the
+                        # copy cannot have caused it, the first one came (late, after the data up to a)
                 if sack[i] == 0:
                     while h >= 0 and t - TSR[h & rmask] > max_ns:
                         _drop(CS, MOVE, e, h, rmask)  # too old for this and every later ACK
@@ -363,7 +376,9 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 x = CS[e, CS_HEAD]
                 while x >= 0:
                     if MOVE[x & rmask] == PENDING and SEQR[x & rmask] == np.int64(seq[i]):
-                        MOVE[x & rmask] = -1
+                        MOVE[x & rmask] = LOST
+                        CS[e, CS_LOST] = x
+                        CS[e, CS_LOST_T] = ts[i]
                         CS[e, CS_NMISS] -= 1
                         break
                     x = NXT[x & rmask]
@@ -397,8 +412,8 @@ def acked_ends(pb: PacketBatch, lookahead: PacketBatch | list[PacketBatch] | Non
 @dataclass(frozen=True)
 class RowEvidence:
     """What ``evidence_scan`` found for the rows of one batch: ``busy`` (int64 ns per row, 0: none), ``move`` (the
-    stream row a late segment reached the receiver after, -1: none) and ``row0`` (the batch's first stream
-    row, the numbering of ``move``)."""
+    stream row a late segment reached the receiver after, -1: none, ``LOST``: it never reached the receiver) and
+    ``row0`` (the batch's first stream row, the numbering of ``move``)."""
 
     busy: np.ndarray
     move: np.ndarray
@@ -422,7 +437,7 @@ class AckEvidence:
         self._CK = lazy_zeros(2 * size, np.uint64)
         self._CU = lazy_zeros(2 * size, np.uint8)
         self._CI = lazy_zeros(2 * size, np.int64)
-        self._CS = lazy_zeros((2 * size, 8), np.int64)  # rows dense per generation: p * size on
+        self._CS = lazy_zeros((2 * size, 10), np.int64)  # rows dense per generation: p * size on
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
         self._FLAG = lazy_zeros(ring, np.uint8)  # rings by row: every row not yet taken
         self._PREV = lazy_zeros(ring, np.int64)
@@ -482,7 +497,8 @@ class AckEvidence:
         self._ahead -= len(self._held[0][0]) if self._held else 0
         idx = np.arange(row0, row0 + len(pb), dtype=np.int64) & (self._FLAG.shape[0] - 1)
         mv = self._MOVE[idx]
-        return pb, extra, self._FLAG[idx].astype(np.bool_), RowEvidence(self._BUSY[idx], np.maximum(mv, -1), row0)
+        mv = np.where(mv == PENDING, np.int64(-1), mv)  # (a mark whose ACK never came: no evidence)
+        return pb, extra, self._FLAG[idx].astype(np.bool_), RowEvidence(self._BUSY[idx], mv, row0)
 
     def held_batches(self, from_row: int, rows: int) -> list[tuple[PacketBatch, Any, int]]:
         """(batch, extra, first stream row) of each held batch with rows in ``from_row`` to ``from_row + rows``."""

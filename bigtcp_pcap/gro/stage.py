@@ -16,7 +16,9 @@ A segment the receiver's SACKs show arriving after later data (``evidence.eviden
 when two flows fill one ring: the last segment before a pause in sending enters the ring behind later ones,
 ``tests/fixtures/kernel/late/``) is fed to the engine after the segment it reached the receiver behind, possibly
 in a later batch: the receiver's ring order, which is what its NAPI polls took. Its own timestamp stays; the
-engine's poll clock does not go back for it.
+engine's poll clock does not go back for it. A segment the evidence finds lost (``evidence.LOST``: the SACKs
+showed the hole, then it was sent again) is not fed at all: it never took a slot in the receiver's ring or its
+NAPI budget; its copy is fed where it was sent (``lost_segments`` counts them).
 
 The ACK-evidence rule (``rules.acked_end_ends_poll``) asks whether the flow's next segment, at most
 ``rules.ACK_NEXT_ROWS`` rows on, would merge into the super-packet an ACK ended. The engine is fed each batch with
@@ -31,7 +33,7 @@ import numpy as np
 from ..capture.reader import RecordBatch
 from ..decode.schema import PacketBatch
 from .config import GroConfig
-from .evidence import AckEvidence
+from .evidence import LOST, AckEvidence
 from .receivers import Receivers
 from .superpacket import SuperPacketBatch
 
@@ -50,6 +52,7 @@ class GroStage:
         self._carry: list[tuple] = []  # late segments waiting for the batch that holds the row they go after,
         # each a one-row (key, PacketBatch, fid, rx, acked, busy) group (``_take``)
         self.late_segments = 0  # segments fed where the receiver got them (after later data), so far
+        self.lost_segments = 0  # segments the receiver never got (sent again after its SACKs showed the hole)
         self._ahead: tuple | None = None  # where the rows after those being fed are (``_lookahead``'s arguments)
 
     @property
@@ -154,16 +157,18 @@ class GroStage:
 
     def _feed(self, pb: PacketBatch, fid: np.ndarray, rx: np.ndarray | None, acked: np.ndarray, ev) -> SuperPacketBatch:
         moved = ev.move >= 0
-        if not moved.any() and not self._carry:
+        lost = ev.move == LOST
+        if not moved.any() and not lost.any() and not self._carry:
             return self._engine_feed(pb, fid, acked, rx, ev.busy)
         self.late_segments += int(np.count_nonzero(moved))
+        self.lost_segments += int(np.count_nonzero(lost))
         r1 = ev.row0 + len(pb)
         key = np.arange(ev.row0, r1, dtype=np.float64)
         key[moved] = ev.move[moved] + 0.5  # after the row it reached the receiver behind
         later = key >= r1
         rows = (key, pb, fid, rx, acked, ev.busy)
         self._carry += [_take(rows, np.array([i])) for i in np.flatnonzero(later).tolist()]
-        return self._feed_carried(r1, [_take(rows, ~later)])
+        return self._feed_carried(r1, [_take(rows, ~later & ~lost)])
 
     def _feed_carried(self, upto: float, parts: list | None = None) -> SuperPacketBatch:
         """Feed ``parts`` and the carried late segments whose key is below ``upto``, in key order."""

@@ -13,6 +13,7 @@ keeps an idle gap from ending that poll (``evidence.evidence_scan``, ``rules.bus
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import itertools
 import json
 from pathlib import Path
@@ -20,16 +21,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bigtcp_pcap import compare
+from bigtcp_pcap import api, compare
 from bigtcp_pcap.capture import CaptureReader
 from bigtcp_pcap.decode import decode
 from bigtcp_pcap.gro import GRO_ENGINES, GroConfig, SuperPacketBatch, evidence
 from bigtcp_pcap.gro.evidence import AckEvidence
 from bigtcp_pcap.gro.rules import BUSY_SLACK_NS
+from bigtcp_pcap.gro.stage import GroStage
 from bigtcp_pcap.gro.synth import SynthFlow, build_batch, flow_ids
 from tests.craft import eth, ipv4, tcp
 from tests.gro import test_kernel_pairs as KP
-from tests.oracle import write_pcap
+from tests.oracle import tshark_fields, write_pcap
 
 US = 1000
 ENGINES = sorted(GRO_ENGINES)
@@ -274,15 +276,12 @@ def test_a_late_segment_is_fed_where_the_receiver_got_it(tmp_path):
         assert _stage_rows(path, batch) == want, batch
 
 
-def test_a_segment_sent_again_is_not_moved(tmp_path):
-    """The same stream with P sent again before the covering ACK (a retransmission: the first copy was lost,
-    or thought lost): no move, and the rows are what the capture order gives."""
+def _sent_again(tmp_path: Path, name: str, times_us: list[int] | None = None) -> np.ndarray:
+    """The late-segment stream with a copy of P sent between the SACK and the covering ACK: its rows' moves."""
     from tests.craft import MAC
 
     path = _late_segment_capture(tmp_path)
-    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
     raw = path.read_bytes()
-    # rebuild with a copy of P between the SACK and the covering ACK
     recs, p = [], 24
     while p + 16 <= len(raw):
         n = int.from_bytes(raw[p + 8:p + 12], "little")
@@ -290,11 +289,29 @@ def test_a_segment_sent_again_is_not_moved(tmp_path):
         p += 16 + n
     assert recs[3][:12] == MAC
     pkts = recs[:8] + [recs[3]] + recs[8:]
-    again = write_pcap(tmp_path / "again.pcap", pkts, times_us=list(range(len(pkts))))
+    again = write_pcap(tmp_path / name, pkts, times_us=times_us or list(range(len(pkts))))
     pb, _ = decode(next(iter(CaptureReader(again, batch_size=1 << 16))))
     ev = AckEvidence()
     *_, e = (ev.push(pb) + ev.finish())[0]
-    assert (e.move < 0).all()
+    return e.move
+
+
+def test_a_segment_sent_again_and_acked_after_the_copy_could_arrive_is_lost(tmp_path):
+    """P sent again after the SACK, and the covering ACK 20 us after the copy, more than the flow's shortest ACK
+    lag (5 us: the third segment, sent at 2 us, first covered by the ACK at 7 us): the copy filled the hole, the
+    first P never reached the receiver. P is marked lost (the GRO stage leaves it out); nothing is moved."""
+    move = _sent_again(tmp_path, "lost.pcap", list(range(9)) + [29, 30, 31, 32])
+    assert move[3] == evidence.LOST
+    assert (np.delete(move, 3) == -1).all()
+
+
+def test_a_segment_sent_again_but_acked_too_soon_for_the_copy_came_late(tmp_path):
+    """The same, with the covering ACK 1 us after the copy (less than the 5 us shortest ACK lag): the copy cannot
+    have caused that ACK, so the first P reached the receiver, late: it is moved after the seventh segment (row
+    6), as without a copy."""
+    move = _sent_again(tmp_path, "again.pcap")
+    assert move[3] == 6
+    assert (np.delete(move, 3) == -1).all()
 
 
 def test_a_dsack_is_not_a_late_segment(tmp_path):
@@ -428,3 +445,45 @@ def test_an_ack_on_its_way_back_is_not_busy_evidence(tmp_path):
     assert _busy_rows(idle) == (3 - 35, [6, 6])  # s6's last uncovering ACK (103 us) was sent by 3 us
     behind = _rtt_capture(tmp_path, "behind.pcap", [(101, 2), (180, 4), (190, 6), (200, 8), (210, 12)])
     assert _busy_rows(behind) == (80 - 35, [12])  # the ACK at 180 us was sent by 80 us: still busy at 35 us
+
+
+LOST_DIR = KERNEL / "lost"
+_GROSTAGE_FEED = GroStage._feed
+
+
+def _feed_lost_in_place(self, pb, fid, rx, acked, ev):
+    """GroStage._feed with the lost marks read as none: every segment fed where the sender's capture has it."""
+    move = np.where(ev.move == evidence.LOST, -1, ev.move)
+    return _GROSTAGE_FEED(self, pb, fid, rx, acked, dataclasses.replace(ev, move=move))
+
+
+def test_lost_segments_found_in_the_sender_capture_never_reached_the_kernel_receiver():
+    """A slice of a kernel-made pair (``lost/``: an IPv4 and an IPv6 flow into one veth with no qdisc on the
+    sender's side, so a full ring drops after the sender's capture; see the fixtures README). Every segment the
+    sender's capture alone marks as lost (its SACKs show the hole, then it is sent again, and no ACK covers it
+    sooner after the copy than the flow's shortest ACK lag) is one the receiver's capture, read by tshark, shows
+    first only after the copy was sent. The GRO stage leaves them out, counts them in the summary, and the
+    rebuild then matches more of the receiver's super-packets than with them fed where they were captured."""
+    snd, rcv = LOST_DIR / "mixed_185000.snd.pcap", LOST_DIR / "mixed_185000.rcv.pcap"
+    pb, _ = decode(next(iter(CaptureReader(snd, batch_size=1 << 20))))
+    ev = AckEvidence()
+    *_, e = (ev.push(pb) + ev.finish())[0]
+    lost = np.flatnonzero(e.move == evidence.LOST).tolist()
+    assert len(lost) >= 10
+    got = tshark_fields(rcv, ["tcp.srcport", "tcp.seq_raw", "tcp.len", "frame.time_epoch"], "tcp.len > 0")
+    rx = [(int(r["tcp.srcport"]), int(r["tcp.seq_raw"]), int(r["tcp.len"]),
+           int(decimal.Decimal(r["frame.time_epoch"]) * 10**9)) for r in got]
+    for i in lost:
+        sp, sq = int(pb.sport[i]), int(pb.tcp_seq[i])
+        copies = [j for j in range(i + 1, len(pb)) if int(pb.sport[j]) == sp and int(pb.tcp_seq[j]) == sq]
+        assert copies, (i, sp, sq)
+        first = min(t for p, s, ln, t in rx if p == sp and (sq - s) % 2**32 < ln)
+        assert first > int(pb.ts_ns[copies[0]]), (i, sp, sq)
+    cfg = GroConfig(gro_max_size=185000, gro_ipv4_max_size=185000)
+    left_out = compare.compare(snd, rcv, gro=cfg).reproduced
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("bigtcp_pcap.gro.stage.GroStage._feed", _feed_lost_in_place)
+        fed = compare.compare(snd, rcv, gro=cfg).reproduced
+    assert left_out > fed
+    summary = api.analyze(snd, gro=cfg, audit=False).summary
+    assert summary["superpackets"]["lost_segments"] == len(lost)
