@@ -269,7 +269,7 @@ class _Run:
         # converted while their flows are in memory (the table buffers them into row groups)
         if len(rows):
             D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
-            self.flows.add_superpackets(rows.flow_id, rows.payload_len)
+            self.flows.add_superpackets(rows.flow_id, rows.payload_len, rows.poll_end)
             self.stats.add_superpackets(rows)
             self.tally.add(rows)
             if not self.sink_sp.failed:

@@ -32,7 +32,8 @@ from .output.tables import BY_NAME
 from .split import Part
 
 KEY = ["ip_version", "src", "dst", "sport", "dport"]
-SUMS = ["packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "superpackets"]
+SUMS = ["packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "superpackets", "poll_ends_evidenced",
+        "poll_ends_guessed"]
 SUSPECT = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
 
 
@@ -351,7 +352,7 @@ def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | Non
     cols = ["flow_id", *KEY, "first_frame", "ts_first_ns", "ts_last_ns", "packets", "payload_bytes", "wire_bytes",
             "bigtcp_packets", "max_payload_len", "mss", "p50_payload_len", "p99_payload_len", "superpackets",
             "p50_superpacket_len", "p99_superpacket_len", "max_superpacket_len", "retransmissions",
-            "out_of_order", "capture_gap_bytes"]
+            "out_of_order", "capture_gap_bytes", "poll_ends_evidenced", "poll_ends_guessed"]
     return res[cols]
 
 

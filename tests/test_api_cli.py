@@ -287,6 +287,20 @@ def test_summary_gives_the_share_of_every_poll_end_the_rows_have(tmp_path):
     assert f"{100 * counts['coalescing'] / counts.sum():.0f} % the NIC's interrupt coalescing" in text
 
 
+def test_flows_count_their_evidenced_and_guessed_poll_ends_as_the_rows_say():
+    """flows.parquet's poll_ends_evidenced / poll_ends_guessed equal, per flow, the super-packet rows whose
+    poll_end is ack or trace / gap or push_gap, counted here from the rows (a sender capture with both)."""
+    a = analyze(KERNEL / "v6_65536.snd.pcap", audit=False)
+    sp = a.superpackets
+    pe = sp["poll_end"].astype(str)
+    for col, kinds in (("poll_ends_evidenced", ("ack", "trace")), ("poll_ends_guessed", ("gap", "push_gap"))):
+        want = sp[pe.isin(kinds)].groupby("flow_id").size()
+        got = a.flows.set_index("flow_id")[col]
+        assert int(got.sum()) == int(want.sum()) > 0, col
+        assert (got.reindex(want.index) == want).all(), col
+        assert int(got.drop(want.index).sum()) == 0, col
+
+
 def test_duration_is_the_span_of_the_timestamps_as_capinfos_says(tmp_path):
     """Records need not be in time order (several pcapng sections one after another, mergecap -a, a clock step):
     the capture's duration is latest minus earliest timestamp, as capinfos reports it, also for a split run."""

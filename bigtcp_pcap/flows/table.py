@@ -37,8 +37,8 @@ CLOSE_TIMEOUT_NS = 5 * 10**9  # Zeek's tcp_close_delay
 # (what expire_kernel's pass over every slot reads comes first, so that pass touches one or two cache lines a slot)
 (F_STATE, F_HOLD, F_LASTFRAME, F_TS1, F_FINRST, F_REV, F_FID, F_PACKETS, F_PAYLOAD, F_WIRE, F_BIG, F_MAXP,
  F_FIRST, F_TS0, F_MSS, F_INITED, F_MAXEND, F_NHOLES, F_GAP, F_RETRANS, F_OOO, F_HHEAD, F_HLAST, F_SHEAD,
- F_SLAST) = range(25)
-NF = 25
+ F_SLAST, F_CUT_EV, F_CUT_GU) = range(27)
+NF = 27
 FREE, ALIVE, ZOMBIE = 0, 1, 2  # ZOMBIE: ended, out of the key table, its row not yet written
 # --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest ----------------------
 NKY = 6
@@ -47,8 +47,8 @@ NKY = 6
 NST = 10
 # --- output row of an ended flow (R) ----------------------------------------------------------------------
 (R_FID, R_VER, R_SPORT, R_DPORT, R_FIRST, R_TS0, R_TS1, R_PACKETS, R_PAYLOAD, R_WIRE, R_BIG, R_MAXP, R_MSS,
- R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP, R_FINRST) = range(23)
-NR = 23
+ R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP, R_FINRST, R_CUT_EV, R_CUT_GU) = range(25)
+NR = 25
 
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
 
@@ -440,10 +440,11 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
 
 
 @njit(cache=True, entry=True,
-      sig=("i64[::1], i64[::1], i64[:, ::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], "
+      sig=("i64[::1], i64[::1], u8[::1], i64[:, ::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], "
           "i64[::1], i64[::1]"))
-def superpackets_kernel(fids, lens, F, FK, FV, HK, HV, EL, EC, EN, ST):
-    """Add rebuilt super-packet lengths to their flows' histograms (the caller guarantees room)."""
+def superpackets_kernel(fids, lens, cut, F, FK, FV, HK, HV, EL, EC, EN, ST):
+    """Add rebuilt super-packet lengths to their flows' histograms, and count the rows whose end was an evidenced
+    (cut 1) or a guessed (cut 2) NAPI poll end (the caller guarantees room)."""
     for i in range(fids.shape[0]):
         if fids[i] < 0:
             continue
@@ -452,6 +453,10 @@ def superpackets_kernel(fids, lens, F, FK, FV, HK, HV, EL, EC, EN, ST):
         if j < 0:
             continue
         _hist_add(F, FV[j], 1, np.int64(lens[i]), 1, F_SHEAD, F_SLAST, HK, HV, EL, EC, EN, ST)
+        if cut[i] == 1:
+            F[FV[j], F_CUT_EV] += 1
+        elif cut[i] == 2:
+            F[FV[j], F_CUT_GU] += 1
 
 
 @njit(cache=True, entry=True,
@@ -623,6 +628,8 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
         R[rows, R_OOO] = F[s, F_OOO]
         R[rows, R_GAP] = F[s, F_GAP]
         R[rows, R_FINRST] = F[s, F_FINRST]
+        R[rows, R_CUT_EV] = F[s, F_CUT_EV]
+        R[rows, R_CUT_GU] = F[s, F_CUT_GU]
         for c in range(5):
             RK[rows, c] = KY[s, c]
         rows += 1
@@ -866,12 +873,17 @@ class FlowTable:
         self.__init__(self.idle_timeout_ns, self.close_timeout_ns)
         self.ST[S_NEXT_ID] = seen
 
-    def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray) -> None:
-        """Count rebuilt super-packets (GRO rows) toward their flows' super-packet columns."""
+    def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray, poll_end: np.ndarray | None = None) -> None:
+        """Count rebuilt super-packets (GRO rows) toward their flows' super-packet columns; ``poll_end`` (the rows'
+        codes, gro/reasons.py) counts those whose end was an evidenced or a guessed poll end."""
+        from ..gro.reasons import POLL_END_CUT  # (the gro package imports this module)
+
         fids = np.ascontiguousarray(flow_id, np.int64)
+        cut = (POLL_END_CUT[np.asarray(poll_end, np.intp)] if poll_end is not None
+               else np.zeros(fids.shape[0], np.uint8))
         self._reserve(0, fids.shape[0])
-        superpackets_kernel(fids, np.ascontiguousarray(payload_len, np.int64), self.F, self.FK, self.FV, self.HK,
-                            self.HV, self.EL, self.EC, self.EN, self.ST)
+        superpackets_kernel(fids, np.ascontiguousarray(payload_len, np.int64), np.ascontiguousarray(cut, np.uint8),
+                            self.F, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.ST)
 
     def _slots(self, flow_id: np.ndarray) -> np.ndarray:
         """Slot per flow id of flows still in memory, -1 for the others."""
@@ -956,5 +968,7 @@ class FlowTable:
             "max_superpacket_len": nullable(R_SMAX, pa.uint32()),
             "retransmissions": R[:, R_RETRANS].astype(np.uint64), "out_of_order": R[:, R_OOO].astype(np.uint64),
             "capture_gap_bytes": R[:, R_GAP].astype(np.uint64),
+            "poll_ends_evidenced": R[:, R_CUT_EV].astype(np.uint64),
+            "poll_ends_guessed": R[:, R_CUT_GU].astype(np.uint64),
             FINRST: R[:, R_FINRST].astype(np.uint8),  # not a flows column: what a split run's merge needs
         }

@@ -17,6 +17,8 @@ gso_size_mismatch/mss_exceeded, size_limit.
 
 from __future__ import annotations
 
+import numpy as np
+
 # --- the new packet could not merge into p (p flushed, R17) -------------------------------------------------
 SIZE_LIMIT = 1  # R15a/R15b: p->len + len >= gro_max_size / gro_ipv4_max_size
 ACK_CHANGE = 2  # R14.3: ack_seq differs from p's first segment
@@ -97,3 +99,7 @@ PE_PUSH_GAP = 8  # guessed from the sender: an idle gap longer than poll_push_ga
 POLL_END_NAMES: tuple[str, ...] = ("none", "ack", "gap", "budget", "timer", "trace", "end_of_capture",
                                    "coalescing", "push_gap")
 """Name of each poll_end code."""
+POLL_END_CUT = np.array([0, 1, 2, 0, 0, 1, 0, 0, 2], np.uint8)
+"""Per poll_end code: 1 where the capture evidences the poll end (ack, trace), 2 where it is guessed from the
+timestamps (gap, push_gap), 0 otherwise (no poll end, or the model's budget, timer, coalescing, end of capture):
+flows.parquet's ``poll_ends_evidenced`` / ``poll_ends_guessed``."""

@@ -53,6 +53,7 @@ FLOWS_SCHEMA = pa.schema([
     ("p99_payload_len", pa.uint32()), ("superpackets", pa.uint64()), ("p50_superpacket_len", pa.uint32()),
     ("p99_superpacket_len", pa.uint32()), ("max_superpacket_len", pa.uint32()),
     ("retransmissions", pa.uint64()), ("out_of_order", pa.uint64()), ("capture_gap_bytes", pa.uint64()),
+    ("poll_ends_evidenced", pa.uint64()), ("poll_ends_guessed", pa.uint64()),
 ])
 
 # Parquet encodings per column. Dictionary encoding only pays for columns with few distinct values; tried on
