@@ -100,6 +100,7 @@ def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
     for c in range(CS.shape[1]):
         CS[e, c] = -1
     CS[e, CS_NMISS] = 0
+    CS[e, CS_NLOST] = 0
     return e
 
 
@@ -115,19 +116,23 @@ def _new_row(CK, CU, CI, BST, slot, k, here):
 
 # the busy evidence's per-direction state (columns of CS): the waiting segments' first and last row, the last
 # acknowledgment number taken, the last segment taken (its end and row), how many waiting segments a SACK
-# marked missing, the shortest ACK lag seen (-1: none yet), the time of the direction's last segment, and the row
-# of the last segment found lost (-1: none) with the time its copy was sent
-CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_LOST, CS_LOST_T = range(10)
+# marked missing, the shortest ACK lag seen (-1: none yet), the time of the direction's last segment, and how
+# many waiting segments are marked lost
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_NLOST = range(9)
 PENDING = np.int64(-2)  # MOVE of a segment marked missing whose ACK has not come yet
 LOST = np.int64(-3)  # MOVE of a segment marked missing and then sent again: it never reached the receiver
+NLQ = 64  # the recent lost rows kept for a D-SACK to find (LQ: their rows and, at NLQ, how many were kept)
 
 
 @njit(cache=True, inline="always")
 def _drop(CS, MOVE, e, h, rmask):
-    """A waiting segment leaves the direction's list uncovered by the evidence: a pending late mark lapses."""
+    """A waiting segment leaves the direction's list uncovered by the evidence: a pending late mark lapses, a lost
+    one stays lost."""
     if MOVE[h & rmask] == PENDING:
         MOVE[h & rmask] = -1
         CS[e, CS_NMISS] -= 1
+    elif MOVE[h & rmask] == LOST:
+        CS[e, CS_NLOST] -= 1
 
 
 @njit(cache=True, inline="always")
@@ -137,6 +142,7 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
         CS[e, CS_HEAD] = -1  # all of them (their pending marks read as none when the rows are taken)
         CS[e, CS_TAIL] = -1
         CS[e, CS_NMISS] = 0
+        CS[e, CS_NLOST] = 0
     h = CS[e, CS_HEAD]
     while h >= 0 and r - h > window:
         _drop(CS, MOVE, e, h, rmask)
@@ -194,9 +200,10 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
            "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], "
            "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
-           "i64[::1], i64[::1], u64[:, ::1]"))
+           "i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
 def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
-                  gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, ST, DG):
+                  gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
+                  LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
     ST = [the generation of the last row, the CS rows each parity's generation has used].
@@ -226,11 +233,13 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     block; a D-SACK, below the ACK number, names no waiting segment). The segment is marked (MOVE = PENDING).
     When an ACK then covers it, at most ``window`` rows and ``max_ns`` after it was sent, with no copy of it sent
     in between, it reached the stack after the data up to that ACK's number: MOVE of its row is the last segment
-    ending there (-1 when none ends there). A copy sent while it is marked makes it LOST (the receiver never got
-    it: the GRO stage leaves it out), unless the ACK that covers it comes sooner after the copy than the
-    direction's shortest ACK lag: the copy cannot have caused that ACK, so the first one came, late, and is moved
-    as above (the last lost row of a direction and its copy's time: CS_LOST, CS_LOST_T). Rings by row: NXT, END
-    (segment end), SEQR (its start), TSR (its time), BUSY, MOVE."""
+    ending there and not lost (-1 when none). A copy sent while it is marked, at most ``max_ns`` after it, makes it
+    LOST (the receiver never got it: the GRO stage leaves it out; a copy sent later, after a timeout, says
+    nothing either way and the mark lapses), unless the receiver then reports that data as received twice (a
+    D-SACK: a SACK block below the ACK number beginning at its start): the first copy came after all, late, and
+    is moved where the ACK that covered it says, as above (TGT; in place when that ACK named no row). Rings by
+    row: NXT, END (segment end), SEQR (its start), TSR (its time), BUSY, MOVE, TGT. LQ/LQK: the last NLQ rows
+    marked lost and their directions."""
     rmask = np.int64(FLAG.shape[0] - 1)  # (every ring has the same size)
     size = np.int64(TV.shape[0] >> 1)  # (both tables by parity have the same size)
     tmask = size - 1
@@ -310,7 +319,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 last = np.int64(-1)  # the last covered segment ending exactly at a
                 newest = np.int64(-1)  # the last covered one
                 while h >= 0 and not _seq_after(END[h & rmask], a):
-                    if END[h & rmask] == a:
+                    if END[h & rmask] == a and MOVE[h & rmask] != LOST:  # (a lost one was never there)
                         last = h
                     newest = h
                     h = NXT[h & rmask]
@@ -318,20 +327,18 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                     lag = t - TSR[newest & rmask]
                     if lag >= 0 and (CS[e, CS_LAG] < 0 or lag < CS[e, CS_LAG]):
                         CS[e, CS_LAG] = lag
-                if CS[e, CS_NMISS] > 0:  # marked segments among the covered ones came late: after `last`
+                if CS[e, CS_NMISS] > 0 or CS[e, CS_NLOST] > 0:
                     x = h0
                     while x != h:
-                        if MOVE[x & rmask] == PENDING:
+                        if MOVE[x & rmask] == PENDING:  # marked and covered, no copy sent: late, after `last`
                             ok = last > x and t - TSR[x & rmask] <= max_ns
                             MOVE[x & rmask] = last if ok else -1
                             CS[e, CS_NMISS] -= 1
+                        elif MOVE[x & rmask] == LOST:  # where it goes should a D-SACK show it came after all
+                            CS[e, CS_NLOST] -= 1
+                            ok = last > x and t - TSR[x & rmask] <= max_ns
+                            TGT[x & rmask] = last if ok else -1
                         x = NXT[x & rmask]
-                x = CS[e, CS_LOST]
-                if 0 <= x <= newest and r - x <= window and MOVE[x & rmask] == LOST:  # an ACK covers the lost one
-                    CS[e, CS_LOST] = -1
-                    if t - CS[e, CS_LOST_T] < CS[e, CS_LAG] and last > x and t - TSR[x & rmask] <= max_ns:
-                        MOVE[x & rmask] = last  # sooner after its copy than any ACK after its segment: the
-                        # copy cannot have caused it, the first one came (late, after the data up to a)
                 if sack[i] == 0:
                     while h >= 0 and t - TSR[h & rmask] > max_ns:
                         _drop(CS, MOVE, e, h, rmask)  # too old for this and every later ACK
@@ -346,6 +353,11 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                         h = NXT[h & rmask]
             if sack[i] != 0:
                 edge = np.int64(sackl[i])
+                if _seq_after(a, edge):  # a D-SACK: the receiver got the data at edge twice, so a lost mark
+                    for j in range(min(LQ[NLQ], NLQ)):  # there was wrong: the first copy came, late
+                        y = LQ[j]
+                        if LQK[j] == rev and r - y <= window and MOVE[y & rmask] == LOST and SEQR[y & rmask] == edge:
+                            MOVE[y & rmask] = TGT[y & rmask]
                 h = CS[e, CS_HEAD]
                 while h >= 0 and _seq_after(edge, END[h & rmask]):
                     h = NXT[h & rmask]
@@ -376,10 +388,17 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 x = CS[e, CS_HEAD]
                 while x >= 0:
                     if MOVE[x & rmask] == PENDING and SEQR[x & rmask] == np.int64(seq[i]):
-                        MOVE[x & rmask] = LOST
-                        CS[e, CS_LOST] = x
-                        CS[e, CS_LOST_T] = ts[i]
                         CS[e, CS_NMISS] -= 1
+                        if ts[i] - TSR[x & rmask] <= max_ns:
+                            MOVE[x & rmask] = LOST
+                            TGT[x & rmask] = -1
+                            CS[e, CS_NLOST] += 1
+                            w = LQ[NLQ] % NLQ  # the recent lost rows, for a D-SACK to find
+                            LQ[w] = x
+                            LQK[w] = fwd
+                            LQ[NLQ] += 1
+                        else:  # sent again much later (a timeout): no evidence, as for a mark whose ACK never came
+                            MOVE[x & rmask] = -1
                         break
                     x = NXT[x & rmask]
     ST[0] = gen
@@ -437,7 +456,7 @@ class AckEvidence:
         self._CK = lazy_zeros(2 * size, np.uint64)
         self._CU = lazy_zeros(2 * size, np.uint8)
         self._CI = lazy_zeros(2 * size, np.int64)
-        self._CS = lazy_zeros((2 * size, 10), np.int64)  # rows dense per generation: p * size on
+        self._CS = lazy_zeros((2 * size, 9), np.int64)  # rows dense per generation: p * size on
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
         self._FLAG = lazy_zeros(ring, np.uint8)  # rings by row: every row not yet taken
         self._PREV = lazy_zeros(ring, np.int64)
@@ -447,6 +466,9 @@ class AckEvidence:
         self._TSR = lazy_zeros(ring, np.int64)
         self._BUSY = lazy_zeros(ring, np.int64)
         self._MOVE = np.full(ring, -1, np.int64)
+        self._TGT = lazy_zeros(ring, np.int64)  # where a segment marked lost goes should a D-SACK show it came
+        self._LQ = np.zeros(NLQ + 1, np.int64)  # the recent lost rows and their directions, for a D-SACK to find
+        self._LQK = np.zeros(NLQ, np.uint64)
         self._DG = np.zeros((16, 3), np.uint64)  # evidence_scan's digests of the rows ahead (_ahead)
         self._rows = 0  # rows scanned
         self._held: list[tuple[PacketBatch, Any, int]] = []  # (batch, extra, its first row)
@@ -465,7 +487,7 @@ class AckEvidence:
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
                           np.int64(BUSY_MAX_NS), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._CK,
                           self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
-                          self._MOVE, self._ST, self._DG)
+                          self._MOVE, self._TGT, self._LQ, self._LQK, self._ST, self._DG)
         if self._held:
             self._ahead += n
         self._held.append((pb, extra, self._rows))
@@ -486,7 +508,7 @@ class AckEvidence:
         new = 1 << (2 * rows - 1).bit_length()
         idx = np.arange(first, self._rows, dtype=np.int64)
         old, at = idx & (size - 1), idx & (new - 1)
-        for name in ("_FLAG", "_PREV", "_NXT", "_END", "_SEQR", "_TSR", "_BUSY", "_MOVE"):
+        for name in ("_FLAG", "_PREV", "_NXT", "_END", "_SEQR", "_TSR", "_BUSY", "_MOVE", "_TGT"):
             a = getattr(self, name)
             b = np.zeros(new, a.dtype)
             b[at] = a[old]

@@ -49,8 +49,8 @@ def render(summary: dict, console: Console) -> None:
                      "ending the super-packet before it (on veth: a full ring with several flows)")
     if sp.get("lost_segments"):
         head.add_row("lost segments", f"{_n(sp['lost_segments'])} never reached the receiver (its SACKs showed the "
-                     "hole, then the segment was sent again and no ACK came too soon to be the copy's): left out of "
-                     "the rebuild, the copy is rebuilt where it was sent")
+                     "hole, then the segment was sent again, and the receiver never reported that data twice): left "
+                     "out of the rebuild, the copy is rebuilt where it was sent")
     rx = sp.get("receivers") or {}
     if len(rx) > 1:
         head.add_row("receivers", "one GRO/NAPI model each: " + ", ".join(f"{k} ({_n(v)} rows)"

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from bigtcp_pcap import api, compare
@@ -276,40 +277,37 @@ def test_a_late_segment_is_fed_where_the_receiver_got_it(tmp_path):
         assert _stage_rows(path, batch) == want, batch
 
 
-def _sent_again(tmp_path: Path, name: str, times_us: list[int] | None = None) -> np.ndarray:
-    """The late-segment stream with a copy of P sent between the SACK and the covering ACK: its rows' moves."""
-    from tests.craft import MAC
-
-    path = _late_segment_capture(tmp_path)
-    raw = path.read_bytes()
-    recs, p = [], 24
-    while p + 16 <= len(raw):
-        n = int.from_bytes(raw[p + 8:p + 12], "little")
-        recs.append(raw[p + 16:p + 16 + n])
-        p += 16 + n
-    assert recs[3][:12] == MAC
-    pkts = recs[:8] + [recs[3]] + recs[8:]
-    again = write_pcap(tmp_path / name, pkts, times_us=times_us or list(range(len(pkts))))
-    pb, _ = decode(next(iter(CaptureReader(again, batch_size=1 << 16))))
+def _moves(tmp_path: Path, name: str, pkts: list[bytes]) -> np.ndarray:
+    """``AckEvidence``'s move of each row of these frames (1 us apart)."""
+    cap = write_pcap(tmp_path / name, pkts, times_us=list(range(len(pkts))))
+    pb, _ = decode(next(iter(CaptureReader(cap, batch_size=1 << 16))))
     ev = AckEvidence()
     *_, e = (ev.push(pb) + ev.finish())[0]
     return e.move
 
 
-def test_a_segment_sent_again_and_acked_after_the_copy_could_arrive_is_lost(tmp_path):
-    """P sent again after the SACK, and the covering ACK 20 us after the copy, more than the flow's shortest ACK
-    lag (5 us: the third segment, sent at 2 us, first covered by the ACK at 7 us): the copy filled the hole, the
+def _p_sent_again(dsack: bool) -> list[bytes]:
+    """Ten 100-byte segments; the receiver SACKs 1400-1700 (P, 1300-1400, missing), P is sent again, the ACK
+    covers 1700; with ``dsack`` the receiver then reports 1300-1400 received twice."""
+    seg = [_frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
+    pkts = seg[:7] + [_frame(True, 1, 1300, 0, _sack(1400, 1700)), seg[3], _frame(True, 1, 1700, 0)]
+    if dsack:
+        pkts.append(_frame(True, 1, 1700, 0, _sack(1300, 1400)))
+    return pkts + seg[7:]
+
+
+def test_a_segment_sent_again_is_lost(tmp_path):
+    """P marked missing by a SACK, then sent again, then covered, and no D-SACK: the copy filled the hole, the
     first P never reached the receiver. P is marked lost (the GRO stage leaves it out); nothing is moved."""
-    move = _sent_again(tmp_path, "lost.pcap", list(range(9)) + [29, 30, 31, 32])
+    move = _moves(tmp_path, "lost.pcap", _p_sent_again(dsack=False))
     assert move[3] == evidence.LOST
     assert (np.delete(move, 3) == -1).all()
 
 
-def test_a_segment_sent_again_but_acked_too_soon_for_the_copy_came_late(tmp_path):
-    """The same, with the covering ACK 1 us after the copy (less than the 5 us shortest ACK lag): the copy cannot
-    have caused that ACK, so the first P reached the receiver, late: it is moved after the seventh segment (row
-    6), as without a copy."""
-    move = _sent_again(tmp_path, "again.pcap")
+def test_a_segment_sent_again_and_reported_twice_came_late(tmp_path):
+    """The same, and the receiver then reports 1300-1400 received twice (a D-SACK): the first P came after all,
+    late, and is moved after the seventh segment (row 6), where the ACK that covered it ends, as without a copy."""
+    move = _moves(tmp_path, "dsack.pcap", _p_sent_again(dsack=True))
     assert move[3] == 6
     assert (np.delete(move, 3) == -1).all()
 
@@ -460,9 +458,9 @@ def _feed_lost_in_place(self, pb, fid, rx, acked, ev):
 def test_lost_segments_found_in_the_sender_capture_never_reached_the_kernel_receiver():
     """A slice of a kernel-made pair (``lost/``: an IPv4 and an IPv6 flow into one veth with no qdisc on the
     sender's side, so a full ring drops after the sender's capture; see the fixtures README). Every segment the
-    sender's capture alone marks as lost (its SACKs show the hole, then it is sent again, and no ACK covers it
-    sooner after the copy than the flow's shortest ACK lag) is one the receiver's capture, read by tshark, shows
-    first only after the copy was sent. The GRO stage leaves them out, counts them in the summary, and the
+    sender's capture alone marks as lost (its SACKs show the hole, then it is sent again, and the receiver never
+    reports that data twice) is one whose data the receiver's capture, read by tshark, holds once, after the copy
+    was sent: only the copy arrived. The GRO stage leaves them out, counts them in the summary, and the
     rebuild then matches more of the receiver's super-packets than with them fed where they were captured."""
     snd, rcv = LOST_DIR / "mixed_185000.snd.pcap", LOST_DIR / "mixed_185000.rcv.pcap"
     pb, _ = decode(next(iter(CaptureReader(snd, batch_size=1 << 20))))
@@ -477,8 +475,8 @@ def test_lost_segments_found_in_the_sender_capture_never_reached_the_kernel_rece
         sp, sq = int(pb.sport[i]), int(pb.tcp_seq[i])
         copies = [j for j in range(i + 1, len(pb)) if int(pb.sport[j]) == sp and int(pb.tcp_seq[j]) == sq]
         assert copies, (i, sp, sq)
-        first = min(t for p, s, ln, t in rx if p == sp and (sq - s) % 2**32 < ln)
-        assert first > int(pb.ts_ns[copies[0]]), (i, sp, sq)
+        seen = [t for p, s, ln, t in rx if p == sp and (sq - s) % 2**32 < ln]
+        assert len(seen) == 1 and seen[0] > int(pb.ts_ns[copies[0]]), (i, sp, sq, seen)  # the copy, alone
     cfg = GroConfig(gro_max_size=185000, gro_ipv4_max_size=185000)
     left_out = compare.compare(snd, rcv, gro=cfg).reproduced
     with pytest.MonkeyPatch.context() as mp:
@@ -487,3 +485,55 @@ def test_lost_segments_found_in_the_sender_capture_never_reached_the_kernel_rece
     assert left_out > fed
     summary = api.analyze(snd, gro=cfg, audit=False).summary
     assert summary["superpackets"]["lost_segments"] == len(lost)
+
+
+def _frame(rev: bool, seq: int, ack: int, plen: int, opts: bytes = b"", flags: int = 0x10) -> bytes:
+    from tests.craft import MAC
+
+    ip = bytearray(ipv4(20 + len(opts) + (-len(opts) % 4) + plen))
+    if rev:
+        ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
+    sp, dp = (5201, 40000) if rev else (40000, 5201)
+    return (MAC[6:] + MAC[:6] if rev else MAC) + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, flags=flags,
+                                                                               options=opts) + b"x" * plen
+
+
+def _sack(left: int, right: int) -> bytes:
+    return bytes([1, 1, 5, 10]) + left.to_bytes(4, "big") + right.to_bytes(4, "big")
+
+
+def test_two_segments_sent_again_are_each_judged(tmp_path):
+    """Two marked segments of one direction (P1 at 1300, P2 at 1500, each SACKed as missing) both sent again and
+    covered by one ACK: a D-SACK for each moves each after the seventh segment (row 6); with a D-SACK for P2 only,
+    P1 stays lost (each lost row is judged on its own evidence, not only the last one of its direction)."""
+    seg = [_frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
+    head = seg[:7] + [_frame(True, 1, 1300, 0, _sack(1400, 1500)), _frame(True, 1, 1300, 0, _sack(1600, 1700)),
+                      seg[3], seg[5], _frame(True, 1, 1700, 0)]
+    both = _moves(tmp_path, "both.pcap", head + [_frame(True, 1, 1700, 0, _sack(1300, 1400)),
+                                                  _frame(True, 1, 1700, 0, _sack(1500, 1600))] + seg[7:])
+    assert both[3] == 6 and both[5] == 6
+    assert (np.delete(both, [3, 5]) == -1).all()
+    one = _moves(tmp_path, "one.pcap", head + [_frame(True, 1, 1700, 0, _sack(1500, 1600))] + seg[7:])
+    assert one[3] == evidence.LOST and one[5] == 6
+    assert (np.delete(one, [3, 5]) == -1).all()
+
+
+def test_a_copy_sent_after_a_timeout_is_no_evidence_and_a_split_run_equals_the_serial_one(tmp_path):
+    """P marked missing by a SACK and sent again 300 ms later (a retransmission timeout, beyond the 10 ms the
+    evidence lasts): no lost mark, the segment is fed where it was captured, and a run split at that idle gap
+    (the part with P never sees its copy) gives the serial run's super-packets."""
+    from bigtcp_pcap.many import analyze_split
+
+    seg = [_frame(False, 1000 + 100 * k, 1, 100, flags=0x18 if k in (6, 9) else 0x10) for k in range(10)]
+    gap = 300_000
+    pkts = seg[:7] + [_frame(True, 1, 1300, 0, _sack(1400, 1700)), seg[3], _frame(True, 1, 1700, 0)] + seg[7:]
+    cap = write_pcap(tmp_path / "rto.pcap", pkts, times_us=list(range(8)) + [gap + k for k in (0, 30, 31, 32, 33)])
+    serial = api.analyze(cap, outdir=tmp_path / "serial", audit=False)
+    split = analyze_split(cap, tmp_path / "split", jobs=1, parts=8, audit=False)
+    assert split.params["parts"] == 2
+    assert serial.summary["superpackets"]["lost_segments"] == split.summary["superpackets"]["lost_segments"] == 0
+    cols = ["first_frame", "n_segments", "payload_len"]
+    a = pd.read_parquet(tmp_path / "serial" / "superpackets.parquet")[cols]
+    b = pd.read_parquet(tmp_path / "split" / "superpackets.parquet")[cols]
+    pd.testing.assert_frame_equal(a, b)
+    assert a.values.tolist() == [[1, 3, 300], [4, 4, 400], [9, 1, 100], [11, 3, 300]]
