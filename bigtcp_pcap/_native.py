@@ -301,7 +301,11 @@ def python_twin(module: str):
 
 
 def _jit_twin(module: str, qualname: str):
-    """The numba dispatcher of ``module.qualname``, from a private copy of the module compiled with the JIT."""
+    """The numba dispatcher of ``module.qualname``, from a private copy of the module compiled with the JIT.
+
+    The copy's compiled loops call helpers imported from other kernel modules (``flows.table._fmix`` in
+    ``gro/evidence.py``): in the loaded modules those are plain functions (the ahead-of-time module holds them
+    inlined) or guarded entry points, which numba cannot type, so each is replaced by its JIT twin as well."""
     global _force_jit
     twin = _twins.get(module)
     if twin is None:
@@ -313,6 +317,11 @@ def _jit_twin(module: str, qualname: str):
         finally:
             _force_jit = False
         _twins[module] = twin
+        for name, v in list(vars(twin).items()):
+            if isinstance(v, _Guarded):
+                setattr(twin, name, _jit_twin(v.py_func.__module__, v.py_func.__qualname__))
+            elif getattr(v, "__code__", None) in compiled_only and v.__module__ != module:
+                setattr(twin, name, _jit_twin(v.__module__, v.__qualname__))
     return getattr(twin, qualname)
 
 

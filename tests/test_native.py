@@ -198,3 +198,27 @@ def test_no_compiled_loop_runs_as_python():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["mode"] == "aot"
     assert got["python_calls"] == {}
+
+
+def test_the_jit_fallback_compiles_loops_that_call_other_modules_helpers(monkeypatch):
+    """The JIT twin of an entry point whose loop calls helpers from another module (``evidence_scan`` calls
+    ``flows.table._digest`` and ``_fmix``, which the ahead-of-time module holds only inlined) compiles and gives
+    the ahead-of-time scan's flags, busy times and moves on a kernel capture. It once failed to type the imported
+    helpers, so a call with argument types the build did not see raised instead of running on the JIT."""
+    from bigtcp_pcap.capture import CaptureReader
+    from bigtcp_pcap.decode import decode
+    from bigtcp_pcap.gro import evidence as EV
+
+    pb, _ = decode(next(iter(CaptureReader(FIX / "mixed_185000.snd.pcap", batch_size=1 << 20))))
+
+    def scan():
+        ev = EV.AckEvidence()
+        (_, _, flags, e), = ev.push(pb) + ev.finish()
+        return flags, e.busy, e.move
+
+    want = scan()
+    monkeypatch.setattr(EV, "evidence_scan", _native._jit_twin("bigtcp_pcap.gro.evidence", "evidence_scan"))
+    got = scan()
+    assert want[0].any() and (want[1] > 0).any()
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g, w)
