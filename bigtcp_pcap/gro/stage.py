@@ -108,7 +108,7 @@ class GroStage:
         """Feed the engine the batches the ACK evidence has flagged (oldest first), late segments in ring order."""
         out = []
         for k, (pb, (fid, rx), acked, ev) in enumerate(ready):
-            self._ahead = ([(b, e) for b, e, _, _ in ready[k + 1:]], ev.row0 + len(pb), final)
+            self._ahead = ([(b, e, v) for b, e, _, v in ready[k + 1:]], ev.row0 + len(pb), final)
             out.append(self._feed(pb, fid, rx, acked, ev))
         self._ahead = None  # (no reference kept to the batches after the last)
         if not out:
@@ -116,24 +116,43 @@ class GroStage:
         return out[0] if len(out) == 1 else SuperPacketBatch.concat(out)
 
     def _lookahead(self, later: list, row: int, final: bool) -> tuple | None:
-        """The ``engine.next_window`` rows after stream row ``row`` (from ``later``, the other ready batches as
-        (batch, (flow ids, receivers)), then those the evidence still holds) as (PacketBatch, flow ids,
-        receivers), or None: what the engine reads as a flow's next segment beyond the rows it is fed."""
+        """The ``engine.next_window`` rows fed after stream row ``row``, in the order they will be fed, as
+        (PacketBatch, flow ids, receivers), or None: what the engine reads as a flow's next segment beyond the rows
+        it is fed. From the carried late segments, ``later`` (the other ready batches as (batch, (flow ids,
+        receivers), RowEvidence): their late segments at the rows they go after, their lost ones left out, as
+        ``_feed`` will feed them) and the batches the evidence still holds (in capture order: their evidence is
+        not final yet). A late segment read in capture order would look like its flow's next segment and make the
+        rows depend on where a batch ends."""
         want = self.engine.next_window
         if not want:
             return None
-        parts = list(later) if final else later + [(b, e) for b, e, _ in self._evidence.held_batches(row, want)]
-        got, take = 0, []
-        for b, (f, r) in parts:
-            m = min(len(b), want - got)
-            if m <= 0:
+        hi = row + want  # no row keyed at or beyond this is among the next ``want`` fed
+        parts = [(c[0], c[1], c[2], c[3]) for c in self._carry if c[0][0] < hi]
+        end = row
+        for b, (f, r), ev in later:
+            if ev.row0 >= hi:
                 break
-            take.append((b.take(slice(0, m)), f[:m], None if r is None else r[:m]))
-            got += m
-        if not take:
+            m = min(len(b), hi - ev.row0)
+            key = np.arange(ev.row0, ev.row0 + m, dtype=np.float64)
+            mv = ev.move[:m]
+            moved = mv >= 0
+            key[moved] = mv[moved] + 0.5
+            keep = np.flatnonzero((mv != LOST) & (key < hi))
+            parts.append((key[keep], b.take(keep), f[:m][keep], None if r is None else r[:m][keep]))
+            end = ev.row0 + len(b)
+        if not final and end < hi:
+            for b, (f, r), r0 in self._evidence.held_batches(end, hi - end):
+                lo, m = max(0, end - r0), min(len(b), hi - r0)
+                if m > lo:
+                    parts.append((np.arange(r0 + lo, r0 + m, dtype=np.float64), b.take(slice(lo, m)), f[lo:m],
+                                  None if r is None else r[lo:m]))
+        if not parts:
             return None
-        return (PacketBatch.concat([t[0] for t in take]), np.concatenate([t[1] for t in take]),
-                None if take[0][2] is None else np.concatenate([t[2] for t in take]))
+        order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")[:want]
+        b = PacketBatch.concat([p[1] for p in parts]).take(order)
+        f = np.concatenate([p[2] for p in parts])[order]
+        r = None if parts[0][3] is None else np.concatenate([p[3] for p in parts])[order]
+        return (b, f, r) if len(b) else None
 
     def _engine_feed(self, b: PacketBatch, f: np.ndarray, a: np.ndarray, r: np.ndarray | None,
                      z: np.ndarray) -> SuperPacketBatch:
