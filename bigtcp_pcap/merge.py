@@ -27,7 +27,7 @@ from . import diagnose as D
 from . import findings as F
 from .audit.cbpf import SKIPPED_NOTE, reportable
 from .flows.table import CLOSE_TIMEOUT_NS, F_GAP, F_OOO, F_RETRANS, IDLE_TIMEOUT_NS, MAX_HOLES, NF, seq_kernel
-from .output.parquet import MERGE_ROWS, TableSink, read_metadata
+from .output.parquet import FLOWS_SCHEMA, MERGE_ROWS, TableSink, read_metadata
 from .output.tables import BY_NAME
 from .split import Part
 
@@ -349,11 +349,7 @@ def _reduce_flows(allf: pd.DataFrame, offs: list[int], packets_t: pa.Table | Non
         _recompute(res, multi, packets_t, sp_t)
     res.insert(0, "flow_id", res.index.to_numpy(np.int64))
     res = res.reset_index(drop=True)
-    cols = ["flow_id", *KEY, "first_frame", "ts_first_ns", "ts_last_ns", "packets", "payload_bytes", "wire_bytes",
-            "bigtcp_packets", "max_payload_len", "mss", "p50_payload_len", "p99_payload_len", "superpackets",
-            "p50_superpacket_len", "p99_superpacket_len", "max_superpacket_len", "retransmissions",
-            "out_of_order", "capture_gap_bytes", "poll_ends_evidenced", "poll_ends_guessed"]
-    return res[cols]
+    return res[list(FLOWS_SCHEMA.names)]  # (the flows table's columns, in its order)
 
 
 def _recompute(res: pd.DataFrame, multi: np.ndarray, packets_t: pa.Table, sp_t: pa.Table) -> None:

@@ -330,14 +330,15 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 if CS[e, CS_NMISS] > 0 or CS[e, CS_NLOST] > 0:
                     x = h0
                     while x != h:
-                        if MOVE[x & rmask] == PENDING:  # marked and covered, no copy sent: late, after `last`
-                            ok = last > x and t - TSR[x & rmask] <= max_ns
-                            MOVE[x & rmask] = last if ok else -1
-                            CS[e, CS_NMISS] -= 1
-                        elif MOVE[x & rmask] == LOST:  # where it goes should a D-SACK show it came after all
-                            CS[e, CS_NLOST] -= 1
-                            ok = last > x and t - TSR[x & rmask] <= max_ns
-                            TGT[x & rmask] = last if ok else -1
+                        mv = MOVE[x & rmask]
+                        if mv == PENDING or mv == LOST:  # a marked segment goes after `last`, if that is after it
+                            to = last if last > x and t - TSR[x & rmask] <= max_ns else np.int64(-1)
+                            if mv == PENDING:  # no copy sent: it came late
+                                MOVE[x & rmask] = to
+                                CS[e, CS_NMISS] -= 1
+                            else:  # lost: where it goes should a D-SACK show it came after all
+                                TGT[x & rmask] = to
+                                CS[e, CS_NLOST] -= 1
                         x = NXT[x & rmask]
                 if sack[i] == 0:
                     while h >= 0 and t - TSR[h & rmask] > max_ns:

@@ -133,11 +133,8 @@ class GroStage:
             if ev.row0 >= hi:
                 break
             m = min(len(b), hi - ev.row0)
-            key = np.arange(ev.row0, ev.row0 + m, dtype=np.float64)
-            mv = ev.move[:m]
-            moved = mv >= 0
-            key[moved] = mv[moved] + 0.5
-            keep = np.flatnonzero((mv != LOST) & (key < hi))
+            key = _feed_keys(ev, m)
+            keep = np.flatnonzero((ev.move[:m] != LOST) & (key < hi))
             parts.append((key[keep], b.take(keep), f[:m][keep], None if r is None else r[:m][keep]))
             end = ev.row0 + len(b)
         if not final and end < hi:
@@ -182,8 +179,7 @@ class GroStage:
         self.late_segments += int(np.count_nonzero(moved))
         self.lost_segments += int(np.count_nonzero(lost))
         r1 = ev.row0 + len(pb)
-        key = np.arange(ev.row0, r1, dtype=np.float64)
-        key[moved] = ev.move[moved] + 0.5  # after the row it reached the receiver behind
+        key = _feed_keys(ev, len(pb))
         later = key >= r1
         rows = (key, pb, fid, rx, acked, ev.busy)
         self._carry += [_take(rows, np.array([i])) for i in np.flatnonzero(later).tolist()]
@@ -198,6 +194,17 @@ class GroStage:
         f, a, z = (np.concatenate([c[j] for c in parts])[order] for j in (2, 4, 5))
         r = None if parts[0][3] is None else np.concatenate([c[3] for c in parts])[order]
         return self._engine_feed(b, f, a, r, z)
+
+
+def _feed_keys(ev, n: int) -> np.ndarray:
+    """Where the first ``n`` rows of a batch go in the order the engine is fed (``RowEvidence`` ``ev``): its stream
+    row, or for a late segment the row it reached the receiver behind plus a half (lost rows are not fed at all:
+    the callers leave them out)."""
+    key = np.arange(ev.row0, ev.row0 + n, dtype=np.float64)
+    mv = ev.move[:n]
+    moved = mv >= 0
+    key[moved] = mv[moved] + 0.5
+    return key
 
 
 def _take(rows: tuple, idx: np.ndarray) -> tuple:

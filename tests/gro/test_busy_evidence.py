@@ -228,37 +228,49 @@ def test_busy_evidence_never_costs_a_kernel_pair_a_super_packet(name):
     assert dataclasses.replace(cfg).ack_evidence
 
 
+
+def _frame(rev: bool, seq: int, ack: int, plen: int, opts: bytes = b"", flags: int = 0x10) -> bytes:
+    from tests.craft import MAC
+
+    ip = bytearray(ipv4(20 + len(opts) + (-len(opts) % 4) + plen))
+    if rev:
+        ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
+    sp, dp = (5201, 40000) if rev else (40000, 5201)
+    return (MAC[6:] + MAC[:6] if rev else MAC) + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, flags=flags,
+                                                                               options=opts) + b"x" * plen
+
+
+def _sack(left: int, right: int) -> bytes:
+    return bytes([1, 1, 5, 10]) + left.to_bytes(4, "big") + right.to_bytes(4, "big")
+
+
 def _late_segment_capture(tmp_path: Path) -> Path:
     """Ten 100-byte segments 1 us apart, the fourth (P) reaching the receiver late: after the seventh, the
     receiver SACKs (ack = P's start, one SACK block from P's end to the seventh's) and, still before any copy
     of P is sent again, ACKs up to the seventh's end. Reverse frames swap the MACs and addresses."""
-    from tests.craft import MAC
-
-    def frame(rev: bool, seq: int, ack: int, plen: int, opts: bytes = b"") -> bytes:
-        mac = MAC[6:] + MAC[:6] if rev else MAC
-        ip = bytearray(ipv4(20 + len(opts) + (-len(opts) % 4) + plen))
-        if rev:
-            ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
-        sp, dp = (5201, 40000) if rev else (40000, 5201)
-        return mac + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, options=opts) + b"x" * plen
-
-    sack = bytes([1, 1, 5, 10]) + (1400).to_bytes(4, "big") + (1700).to_bytes(4, "big")  # P is 1300-1400
-    seg = [frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
-    pkts = seg[:7] + [frame(True, 1, 1300, 0, sack), frame(True, 1, 1700, 0)] + seg[7:]
+    seg = [_frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
+    pkts = seg[:7] + [_frame(True, 1, 1300, 0, _sack(1400, 1700)), _frame(True, 1, 1700, 0)] + seg[7:]  # P: 1300-1400
     return write_pcap(tmp_path / "late.pcap", pkts, times_us=list(range(len(pkts))))
 
 
-def _stage_rows(path: Path, batch: int):
+def _stage_run(path: Path, batch: int, cfg: GroConfig) -> SuperPacketBatch:
+    """Every row ``GroStage`` builds from ``path`` read ``batch`` records at a time (a flow id per port pair)."""
     from bigtcp_pcap.gro.stage import GroStage
 
-    stage = GroStage(GroConfig(gro_max_size=185000))
+    stage = GroStage(cfg)
+    ids: dict[tuple[int, int], int] = {}
     parts = []
     for rb in CaptureReader(path, batch_size=batch):
         pb, _ = decode(rb)
-        fid = np.where(pb.tcp_payload_len > 0, 0, 1).astype(np.int64)
+        fid = np.array([ids.setdefault(k, len(ids)) for k in zip(pb.sport.tolist(), pb.dport.tolist())], np.int64)
+        fid[pb.l4_proto != 6] = -1
         parts.append(stage.feed(rb, pb, fid))
     parts.append(stage.finish())
-    rows = SuperPacketBatch.concat(parts)
+    return SuperPacketBatch.concat(parts)
+
+
+def _stage_rows(path: Path, batch: int):
+    rows = _stage_run(path, batch, GroConfig(gro_max_size=185000))
     data = rows.payload_len > 0
     return list(zip(rows.first_frame[data].tolist(), rows.n_segments[data].tolist(), strict=True))
 
@@ -381,25 +393,11 @@ def test_two_late_segments_at_once(tmp_path):
     """Two segments missing at the same time: the receiver's ACK number stays at the first one while the SACK
     block it sends next begins right after the second. Each is moved after the last segment ending at the ACK
     number that covers it (the first after the sixth segment, the second after the eighth)."""
-    from tests.craft import MAC
-
-    def frame(rev: bool, seq: int, ack: int, plen: int, left: int | None = None) -> bytes:
-        opts = b"" if left is None else bytes([1, 1, 5, 10]) + left.to_bytes(4, "big") + (left + 100).to_bytes(4, "big")
-        ip = bytearray(ipv4(20 + len(opts) + plen))
-        if rev:
-            ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
-        sp, dp = (5201, 40000) if rev else (40000, 5201)
-        return (MAC[6:] + MAC[:6] if rev else MAC) + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, options=opts) \
-            + b"x" * plen
-
-    seg = [frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
-    pkts = [*seg[:5], frame(True, 1, 1300, 0, 1400), seg[5], seg[6], seg[7], frame(True, 1, 1300, 0, 1700),
-            frame(True, 1, 1600, 0, 1700), frame(True, 1, 1800, 0), seg[8], seg[9]]
-    path = write_pcap(tmp_path / "two.pcap", pkts, times_us=list(range(len(pkts))))
-    pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
-    ev = AckEvidence()
-    *_, e = (ev.push(pb) + ev.finish())[0]
-    assert e.move.tolist() == [-1, -1, -1, 6, -1, -1, -1, 8, -1, -1, -1, -1, -1, -1]
+    seg = [_frame(False, 1000 + 100 * k, 1, 100) for k in range(10)]
+    pkts = [*seg[:5], _frame(True, 1, 1300, 0, _sack(1400, 1500)), seg[5], seg[6], seg[7],
+            _frame(True, 1, 1300, 0, _sack(1700, 1800)), _frame(True, 1, 1600, 0, _sack(1700, 1800)),
+            _frame(True, 1, 1800, 0), seg[8], seg[9]]
+    assert _moves(tmp_path, "two.pcap", pkts).tolist() == [-1, -1, -1, 6, -1, -1, -1, 8, -1, -1, -1, -1, -1, -1]
 
 
 def _rtt_capture(tmp_path: Path, name: str, ack_times: list[tuple[int, int]]) -> Path:
@@ -487,21 +485,6 @@ def test_lost_segments_found_in_the_sender_capture_never_reached_the_kernel_rece
     assert summary["superpackets"]["lost_segments"] == len(lost)
 
 
-def _frame(rev: bool, seq: int, ack: int, plen: int, opts: bytes = b"", flags: int = 0x10) -> bytes:
-    from tests.craft import MAC
-
-    ip = bytearray(ipv4(20 + len(opts) + (-len(opts) % 4) + plen))
-    if rev:
-        ip[12:16], ip[16:20] = ip[16:20], ip[12:16]
-    sp, dp = (5201, 40000) if rev else (40000, 5201)
-    return (MAC[6:] + MAC[:6] if rev else MAC) + b"\x08\x00" + bytes(ip) + tcp(sp, dp, seq, ack, flags=flags,
-                                                                               options=opts) + b"x" * plen
-
-
-def _sack(left: int, right: int) -> bytes:
-    return bytes([1, 1, 5, 10]) + left.to_bytes(4, "big") + right.to_bytes(4, "big")
-
-
 def test_two_segments_sent_again_are_each_judged(tmp_path):
     """Two marked segments of one direction (P1 at 1300, P2 at 1500, each SACKed as missing) both sent again and
     covered by one ACK: a D-SACK for each moves each after the seventh segment (row 6); with a D-SACK for P2 only,
@@ -540,19 +523,8 @@ def test_a_copy_sent_after_a_timeout_is_no_evidence_and_a_split_run_equals_the_s
 
 
 def _stage_rows_by_flow(path: Path, batch: int) -> list[tuple[int, int, int]]:
-    """(first frame, segments, payload) of every row ``GroStage`` builds from ``path`` read ``batch`` at a time."""
-    from bigtcp_pcap.gro.stage import GroStage
-
-    stage = GroStage(GroConfig(gro_max_size=185000, gro_ipv4_max_size=185000))
-    ids: dict[tuple[int, int], int] = {}
-    parts = []
-    for rb in CaptureReader(path, batch_size=batch):
-        pb, _ = decode(rb)
-        fid = np.array([ids.setdefault(k, len(ids)) for k in zip(pb.sport.tolist(), pb.dport.tolist())], np.int64)
-        fid[pb.l4_proto != 6] = -1
-        parts.append(stage.feed(rb, pb, fid))
-    parts.append(stage.finish())
-    rows = SuperPacketBatch.concat(parts)
+    """(first frame, segments, payload) of every row, sorted, both BIG TCP limits at 185000."""
+    rows = _stage_run(path, batch, GroConfig(gro_max_size=185000, gro_ipv4_max_size=185000))
     return sorted(zip(rows.first_frame.tolist(), rows.n_segments.tolist(), rows.payload_len.tolist(), strict=True))
 
 
