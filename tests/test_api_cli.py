@@ -299,6 +299,11 @@ def test_flows_count_their_evidenced_and_guessed_poll_ends_as_the_rows_say():
         assert int(got.sum()) == int(want.sum()) > 0, col
         assert (got.reindex(want.index) == want).all(), col
         assert int(got.drop(want.index).sum()) == 0, col
+        # the summary's top flows carry them (and the report and the console table show them)
+        top = a.summary["top_flows"]
+        assert top and all(r[col] == int(want.get(r["flow_id"], 0)) for r in top), col
+    html = a.report().read_text()
+    assert "poll ends evidenced" in html and "poll ends guessed" in html
 
 
 def test_duration_is_the_span_of_the_timestamps_as_capinfos_says(tmp_path):

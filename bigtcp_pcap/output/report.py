@@ -163,10 +163,11 @@ def _flows_html(s: dict) -> str:
         rows.append([(f"{_e(f['flow_id'])}: <code>{_e(f['src'])}.{_e(f['sport'])} &gt; {_e(f['dst'])}."
                      f"{_e(f['dport'])}</code>"), f["packets"], f["payload_bytes"], f["bigtcp_packets"], f["mss"],
                      f["p50_payload_len"], f["max_payload_len"], f["superpackets"], f["p50_superpacket_len"],
-                     f["max_superpacket_len"], f["retransmissions"], f.get("out_of_order"), f["capture_gap_bytes"]])
+                     f["max_superpacket_len"], f["retransmissions"], f.get("out_of_order"), f["capture_gap_bytes"],
+                     f.get("poll_ends_evidenced"), f.get("poll_ends_guessed")])
     return _table(["flow", "packets", "payload", "BIG TCP", "MSS", "seen p50", "seen max", "super-packets",
-                   "super-packet p50", "super-packet max", "retx", "out of order", "gap bytes"], rows,
-                  numeric=set(range(1, 13)))
+                   "super-packet p50", "super-packet max", "retx", "out of order", "gap bytes",
+                   "poll ends evidenced", "poll ends guessed"], rows, numeric=set(range(1, 15)))
 
 
 def _findings_html(s: dict) -> str:

@@ -61,15 +61,18 @@ def render(summary: dict, console: Console) -> None:
     if summary["top_flows"]:
         t = Table(title=f"Top flows by payload bytes ({summary['flows']} flows)", title_justify="left")
         for col in ("flow", "pkts", "payload", "BIG TCP", "MSS", "seen p50/max", "GRO n p50/max", "retx", "ooo",
-                    "gap"):
+                    "gap", "cuts ev/guess"):
             t.add_column(col, justify="right" if col != "flow" else "left", no_wrap=True)
         for f in summary["top_flows"]:
             t.add_row(f"{f['flow_id']}: {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}", _n(f["packets"]),
                       _n(f["payload_bytes"]), _n(f["bigtcp_packets"]), _n(f["mss"]),
                       f"{_n(f['p50_payload_len'])} / {_n(f['max_payload_len'])}",
                       f"{_n(f['superpackets'])} / {_n(f['p50_superpacket_len'])} / {_n(f['max_superpacket_len'])}",
-                      _n(f["retransmissions"]), _n(f.get("out_of_order")), _n(f["capture_gap_bytes"]))
+                      _n(f["retransmissions"]), _n(f.get("out_of_order")), _n(f["capture_gap_bytes"]),
+                      f"{_n(f.get('poll_ends_evidenced'))} / {_n(f.get('poll_ends_guessed'))}")
         console.print(t)
+        console.print("  cuts ev/guess: super-packets that ended at a NAPI poll end the receiver's ACKs (or a trace) "
+                      "show / that only the timestamps suggest", highlight=False, markup=False)
     render_diagnosis(summary.get("diagnosis") or {}, console)
     if summary["findings"]:
         t = Table(title="Findings", title_justify="left")
