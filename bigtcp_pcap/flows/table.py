@@ -730,21 +730,11 @@ def address_strings(ver: np.ndarray, words: np.ndarray) -> pa.Array:
 class FlowTable:
     """Assigns ``flow_id`` to TCP packets, accumulates per-flow columns and hands out the rows of ended flows."""
 
-    def __init__(self, idle_timeout_ns: int = IDLE_TIMEOUT_NS, close_timeout_ns: int = CLOSE_TIMEOUT_NS,
-                 expire_slack_ns: int | None = None) -> None:
-        """``expire_slack_ns``: how long after a flow's end ``expire`` may write its row (None: a quarter of the
-        shorter timeout; 0: at the first call after its deadline)."""
+    def __init__(self, idle_timeout_ns: int = IDLE_TIMEOUT_NS, close_timeout_ns: int = CLOSE_TIMEOUT_NS) -> None:
         if idle_timeout_ns <= 0 or close_timeout_ns <= 0:
             raise ValueError("flow timeouts must be > 0 ns")
         self.idle_timeout_ns = int(idle_timeout_ns)
         self.close_timeout_ns = int(close_timeout_ns)
-        if expire_slack_ns is None:
-            expire_slack_ns = min(self.idle_timeout_ns, self.close_timeout_ns) // 4
-        # Judging every slot is a pass over the whole table (a cache miss a slot); on many short flows some flow
-        # had always just ended, and every batch paid one (on a 1 M-packet many-flows capture, 15 passes of 24
-        # calls: 46-70 ms of expire, 30 ms with the slack). Rows are the same whenever they are written: a
-        # packet after a flow's deadline starts a new flow whether or not the old one's row is out.
-        self.expire_slack_ns = int(expire_slack_ns)
         # idle and close timeouts, and (TO[2]) the earliest deadline of the flows alive at the last full judging
         self._TO = np.array([self.idle_timeout_ns, self.close_timeout_ns, -1], np.int64)
         self._tmin = None  # the earliest packet time since then (None: none)
@@ -880,7 +870,7 @@ class FlowTable:
         """After ``expire(everything=True)`` (every row written): shrink the emptied table to its starting size;
         ``len`` (the flows seen) stays."""
         seen = len(self)
-        self.__init__(self.idle_timeout_ns, self.close_timeout_ns, self.expire_slack_ns)
+        self.__init__(self.idle_timeout_ns, self.close_timeout_ns)
         self.ST[S_NEXT_ID] = seen
 
     def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray, poll_end: np.ndarray | None = None) -> None:
@@ -940,14 +930,13 @@ class FlowTable:
             self._RK = lazy_zeros((cap, 5), np.uint64)
         held = np.zeros(0, np.int64) if held_flow_ids is None else np.ascontiguousarray(held_flow_ids, np.int64)
         hold_from = np.int64(np.iinfo(np.int64).max if hold_from_frame is None else hold_from_frame)
-        # Every alive slot is judged only when one may have ended more than ``expire_slack_ns`` ago: after the
-        # earliest deadline of the last full judging, or of a packet since (its flow's deadline is at least its
-        # time plus the shorter timeout; packet times may go backwards), plus the slack. Otherwise only the
-        # retired flows are written (no pass over every slot).
+        # Every alive slot is judged only when one may have ended: after the earliest deadline of the last full
+        # judging, or of a packet since (its flow's deadline is at least its time plus the shorter timeout;
+        # packet times may go backwards). Otherwise only the retired flows are written (no pass over every slot).
         soon = int(self._TO[2])
         if self._tmin is not None:
             soon = min(soon, self._tmin + min(self.idle_timeout_ns, self.close_timeout_ns))
-        full = everything or soon < 0 or now_ns > soon + self.expire_slack_ns
+        full = everything or soon < 0 or now_ns > soon
         if full:
             self._tmin = None
         k = expire_kernel(np.int64(now_ns), everything, full, held, hold_from, self._TO, self.F, self.KY,
