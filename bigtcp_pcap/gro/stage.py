@@ -145,6 +145,10 @@ class GroStage:
                                   None if r is None else r[lo:m]))
         if not parts:
             return None
+        if len(parts) == 1 and not np.any(np.diff(parts[0][0]) < 0):  # the usual case: the next held batch's
+            k, b, f, r = parts[0]  # first rows as they are (views, no copy)
+            m = min(len(k), want)
+            return (b.take(slice(0, m)), f[:m], None if r is None else r[:m]) if m else None
         order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")[:want]
         b = PacketBatch.concat([p[1] for p in parts]).take(order)
         f = np.concatenate([p[2] for p in parts])[order]
