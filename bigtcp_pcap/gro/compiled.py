@@ -62,6 +62,9 @@ from .rules import (
     M32,
     MERGE,
     acked_end_ends_poll,
+    acked_end_poll_waits,
+    acked_flow_returns,
+    acked_row_poll_end,
     busy_poll_continues,
     merge_verdict,
     nic_window_closed,
@@ -104,8 +107,9 @@ NSF = 13
  E_NPK, E_PLEN, E_LIMIT, E_FLAGS, E_AGE, E_F0, E_F1, E_T0, E_T1) = range(24)
 NHF = 24
 # --- per-queue row of _Q (NAPI instance) --------------------------------------------------------------------
-Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN, Q_BUSY, Q_PUSH = range(13)
-NQF = 13  # Q_PUSH: the poll's last packet was a TCP segment with PSH (R21.2b)
+Q_LAST, Q_HASLAST, Q_N, Q_HELD, Q_DL, Q_HASDL, Q_MASKED, Q_DEFER, Q_CAUSE, Q_WS, Q_WN, Q_BUSY, Q_PUSH, Q_WAIT = range(14)
+NQF = 14  # Q_PUSH: the poll's last packet was a TCP segment with PSH (R21.2b); Q_WAIT: 1 + the flow key whose
+# ACKed end left the poll's end waiting (rules.acked_end_poll_waits), 0: none
 # --- per-(queue, bucket) row of _B ----------------------------------------------------------------------------
 B_HEAD, B_TAIL, B_LEN = range(3)
 # --- config vector _C ------------------------------------------------------------------------------------------
@@ -163,7 +167,8 @@ def _row(S, H, Q, C, O, K, g, reason):
     source = r20_observed(H[e, E_GSO] != 0, H[e, E_NPK])
     k = K[0]
     q = H[e, E_Q]
-    pe = Q[q, Q_CAUSE] if (reason == R.NAPI_POLL or reason == R.END_OF_CAPTURE) else R.PE_NONE
+    pe = acked_row_poll_end(Q[q, Q_CAUSE], Q[q, Q_WAIT] - 1, g) if (reason == R.NAPI_POLL or reason == R.END_OF_CAPTURE) \
+        else R.PE_NONE
     _emit(O, k, H[e, E_FID], 4 if v4 else 6, S[g, G_SPORT], S[g, G_DPORT], H[e, E_SEQ0], l3 - H[e, E_HDR],
           H[e, E_COUNT], l3, frame_len, big, H[e, E_F0], H[e, E_F1], H[e, E_T0], H[e, E_T1], reason, source,
           H[e, E_FLAGS], H[e, E_ACK], gso, q // C[C_NQ], pe)
@@ -262,6 +267,7 @@ def _complete_poll(S, H, FR, Q, B, C, O, K, q, tnow, work):
     Q[q, Q_HASLAST] = 0
     Q[q, Q_WN] = 0
     Q[q, Q_BUSY] = 0
+    Q[q, Q_WAIT] = 0
 
 
 @njit(cache=True)
@@ -366,6 +372,9 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
                 _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             elif nic and nic_window_closed(Q[q, Q_WN], t, Q[q, Q_WS], C[C_RXU], C[C_RXF]):
                 Q[q, Q_CAUSE] = R.PE_COALESCE
+                _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
+            elif acked_flow_returns(Q[q, Q_WAIT] - 1, gids[i]):
+                Q[q, Q_CAUSE] = R.PE_ACK
                 _complete_poll(S, H, FR, Q, B, C, O, K, q, Q[q, Q_LAST], Q[q, Q_N])
             now = t
         if Q[q, Q_HASLAST] == 0 or t > Q[q, Q_LAST]:  # the poll's clock: a late segment fed out of capture order
@@ -500,6 +509,7 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
                     _flush_old(S, H, FR, Q, B, C, O, K, q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
                 else:
                     _flush_all(S, H, FR, Q, B, C, O, K, q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
+            Q[q, Q_WAIT] = 0
         Q[q, Q_N] = c
         # evidence (gro-spec 7.1): the receiver ACKed this segment's end, no rule ended its super-packet
         if evidence and k == KIND_TCP and ak[i] != 0 and S[gids[i], G_HELD] != 0:
@@ -507,8 +517,11 @@ def _run(I, gids, qrow, ps, ak, bz, nxt, S, H, FR, D, Q, B, C, O, K):
             merges = j < 0 or _would_merge(S, H, D, C, gids[i], j, fm_a, fl_a, fwm_a, ack_a, opt_a, l3w_a, seq_a, pl_a,
                                            thl_a, ipid_a)
             if acked_end_ends_poll(True, True, merges):
-                Q[q, Q_CAUSE] = R.PE_ACK
-                _complete_poll(S, H, FR, Q, B, C, O, K, q, t, c)
+                if acked_end_poll_waits(tmo or flush_old_full, c, Q[q, Q_WAIT] - 1):
+                    Q[q, Q_WAIT] = gids[i] + 1  # the other flows' packets before this flow's next one come in it
+                else:
+                    Q[q, Q_CAUSE] = R.PE_ACK
+                    _complete_poll(S, H, FR, Q, B, C, O, K, q, t, c)
 
 
 @njit(cache=True, entry=True,
@@ -526,6 +539,7 @@ def _flush_end(S, H, FR, Q, B, C, O, K, nq):
         Q[q, Q_HASDL] = 0
         Q[q, Q_MASKED] = 0
         Q[q, Q_DEFER] = 0
+        Q[q, Q_WAIT] = 0
 
 
 # ============================================================================================================
@@ -1026,6 +1040,8 @@ class CompiledGroEngine:
         n = self._ngid
         S = self._S[:n]
         keep = (S[:, G_HELD] != 0) | flow_in_memory(S[:, G_FIDL].copy())
+        wait = self._Q[: self._nq, Q_WAIT]  # a key a poll's end waits for stays (its number moves with it)
+        keep[wait[wait != 0] - 1] = True
         old = np.nonzero(keep)[0]
         k = int(old.shape[0])
         new_of = np.full(n + 1, -1, np.int64)  # new_of[-1] = -1: list ends stay -1
@@ -1047,6 +1063,7 @@ class CompiledGroEngine:
             S2[:k, c] = new_of[S2[:k, c]]
         for c in (B_HEAD, B_TAIL):
             self._B[:, :, c] = new_of[self._B[:, :, c]]
+        wait[:] = new_of[wait - 1] + 1  # (0, none, maps through new_of[-1] = -1 back to 0)
         # The key and direction tables are rebuilt in the arrays they had when those are the right size: a steady
         # key count recycles every few batches, and new tables each time (a few MiB on the heap, or fresh maps
         # faulted in again) scattered the heap and stacked old and new tables at the run's peak

@@ -72,6 +72,8 @@ r21_4_jiffy, r21_2_poll_ended, r21_5_poll_end = _py.r21_4_jiffy, _py.r21_2_poll_
 r21_2_end_cause = _py.r21_2_end_cause
 r21_3_budget_used = _py.r21_3_budget_used
 acked_end_ends_poll, busy_poll_continues = _py.acked_end_ends_poll, _py.busy_poll_continues
+acked_end_poll_waits, acked_flow_returns = _py.acked_end_poll_waits, _py.acked_flow_returns
+acked_row_poll_end = _py.acked_row_poll_end
 nic_window_closed = _py.nic_window_closed
 
 
@@ -137,6 +139,7 @@ class GroEngine:
         self._qwn: list[int] = []  # packets since then (0: no window open)
         self._qbusy: list[int] = []  # latest busy time (evidence.evidence_scan) of the running poll's packets
         self._qpush: list[bool] = []  # the running poll's last packet was a TCP segment with PSH (R21.2b)
+        self._qwait: list[int] = []  # the flow key whose ACKed end left the poll's end waiting, -1: none
         self._rxu = cfg.rx_usecs * 1000
         self._ensure_queues(cfg.rx_queues)
         # per flow key (gid)
@@ -166,7 +169,8 @@ class GroEngine:
         napi_weight budget count restarts. The gap rule is not applied to a batch given with marks.
 
         ``acked`` (optional, one bool per packet, ``evidence.AckEvidence``): the other side ACKed exactly this
-        segment's end; when no rule completed its super-packet, the poll ends after it (rules.acked_end_ends_poll).
+        segment's end; when no rule completed its super-packet, the poll ends after it (rules.acked_end_ends_poll),
+        or, when other flows' packets come first, before the flow's next segment (rules.acked_end_poll_waits).
 
         ``receiver`` (optional, one int per packet, ``receivers.Receivers``): the receiving host, each with its
         own NAPI instances (``rx_queues`` of them) and GRO tables; default: the capture interface.
@@ -203,6 +207,7 @@ class GroEngine:
             self._qwn[q] = 0
             self._qn[q] = 0
             self._qbusy[q] = 0
+            self._qwait[q] = -1
             self._qdeadline[q] = None
             self._qmasked[q] = False
             self._qdefer[q] = 0
@@ -242,6 +247,7 @@ class GroEngine:
             self._qwn.append(0)
             self._qbusy.append(0)
             self._qpush.append(False)
+            self._qwait.append(-1)
 
     def _queue_rows(self, prep: Prepared, rx: np.ndarray) -> np.ndarray:
         """RX queue per packet: per receiver, (flow hash >> 32) % rx_queues (RSS stand-in)."""
@@ -337,6 +343,7 @@ class GroEngine:
         bz = busy.tolist() if busy is not None else None
         qbusy = self._qbusy
         qpush = self._qpush
+        qwait = self._qwait
         pgap = self._pgap_ns
         slack = rules.BUSY_SLACK_NS
         nxt = next_same(np.asarray(gids), self.next_window).tolist() if acked is not None else None
@@ -382,6 +389,9 @@ class GroEngine:
                     self._complete_poll(q, last, qn[q])
                 elif nic_window_closed(qwn[q], t, qws[q], rxu, rxf):
                     qcause[q] = R.PE_COALESCE
+                    self._complete_poll(q, last, qn[q])
+                elif acked_flow_returns(qwait[q], gids[i]):
+                    qcause[q] = R.PE_ACK
                     self._complete_poll(q, last, qn[q])
                 now = t
             if qlast[q] is None or t > qlast[q]:  # the poll's clock does not go back (a late segment fed out of
@@ -486,6 +496,7 @@ class GroEngine:
                         self._flush_old(q, now)  # R21.3/R21.4: HZ >= 1000 keeps this jiffy's entries
                     else:
                         self._flush_all(q, R.NAPI_POLL)  # R21.3: HZ < 1000 flushes everything
+                qwait[q] = -1
             qn[q] = c
             # evidence (gro-spec 7.1): the receiver ACKed this segment's end, no rule ended its super-packet
             if ak is not None and k == KIND_TCP and ak[i] and held[gids[i]] is not None:
@@ -494,8 +505,11 @@ class GroEngine:
                 merges = j < 0 or self._would_merge(e, gids[i], int(b.tcp_hdr_len[j]), fm[j], fl[j], fwm[j], ack[j],
                                                     opt[j], l3w[j], seq[j], pl[j], ipid[j])
                 if acked_end_ends_poll(True, True, merges):
-                    qcause[q] = R.PE_ACK
-                    self._complete_poll(q, t, c)
+                    if acked_end_poll_waits(tmo or flush_old_full, c, qwait[q]):
+                        qwait[q] = gids[i]  # the other flows' packets before this flow's next one come in it
+                    else:
+                        qcause[q] = R.PE_ACK
+                        self._complete_poll(q, t, c)
 
     def _would_merge(self, e: _Held, g: int, thl: int, fm: bool, f: int, fwm: int, ack: int, opt: int, l3w: int,
                      seq: int, ln: int, ipid: int) -> bool:
@@ -545,6 +559,7 @@ class GroEngine:
         self._qlast[q] = None
         self._qwn[q] = 0
         self._qbusy[q] = 0
+        self._qwait[q] = -1
 
     def _timers(self, q: int, t: int, mark: bool | None = None) -> int:
         """R21.5 (gro_flush_timeout > 0): run the poll ends and timer polls due before a packet at t.
@@ -583,7 +598,8 @@ class GroEngine:
         frame_len, big, gso = r20_completed(e.l2, l3, e.count, e.mss, e.v4, self.config.ipv6_hbh)
         source = r20_observed(e.gso, e.npk)
         nq = self.config.rx_queues
-        pe = self._qcause[e.q] if reason in (R.NAPI_POLL, R.END_OF_CAPTURE) else R.PE_NONE
+        pe = acked_row_poll_end(self._qcause[e.q], self._qwait[e.q], e.gid) if reason in (R.NAPI_POLL, R.END_OF_CAPTURE) \
+            else R.PE_NONE
         return (e.fid, 4 if e.v4 else 6, e.sport, e.dport, e.seq0, l3 - e.hdr, e.count, l3, frame_len, big,
                 e.f0, e.f1, e.t0, e.t1, reason, source, e.flags, e.ack, gso, e.q // nq, pe)
 

@@ -5,8 +5,9 @@ guesses them. But a capture that holds both directions (a sender's own interface
 receiver's ACKs, and an ACK can only acknowledge up to the end of a packet the receiving stack was handed:
 with GRO on, the end of a super-packet. So a data segment whose end (seq + payload, mod 2**32) comes back as
 an acknowledgment number marks the end of a super-packet. When no GRO rule ended the super-packet there, the
-NAPI poll did: the engine ends the poll after that segment (``rules.acked_end_ends_poll``), and the rows it
-completes are marked ``poll_end = ack`` (evidenced) instead of ``gap`` (guessed).
+NAPI poll did: the engine ends the poll after that segment (``rules.acked_end_ends_poll``; before the flow's next
+segment when other flows' packets come between, ``rules.acked_end_poll_waits``), and the rows it completes are
+marked ``poll_end = ack`` (evidenced) instead of ``gap`` (guessed).
 
 ``AckEvidence`` is a streaming stage with a lookahead of ``WINDOW`` rows: a batch's flags are decided once
 that many later rows (or the end of the capture) have been seen, since the ACK for a segment near the end of

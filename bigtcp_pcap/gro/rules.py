@@ -384,6 +384,36 @@ def acked_end_ends_poll(acked, still_held, next_would_merge):
     return acked and still_held and next_would_merge
 
 
+@njit(cache=True, inline="always")
+def acked_end_poll_waits(at_once, work, waiting):
+    """Where the poll ends after an ACKed end of flow A's super-packet (``acked_end_ends_poll``). The ACK shows
+    that A's next segment came in a later poll; the other flows' packets captured between the two may have come
+    in either. A NAPI poll takes what the ring holds up to its budget (R21.3), and a receiver whose ACKs mark
+    ends inside a burst is taking packets back to back, so they come in this one: the poll's end waits, and
+    comes before A's next segment (``acked_flow_returns``), at the budget, at an idle gap or after another
+    flow's ACKed end, whichever is first (True). False, the poll ends after this segment: the budget ended it on
+    this very packet (``work`` 0), another flow's ACKed end is already waiting (``waiting`` >= 0: ending here
+    keeps both flows' ends), or ``at_once``: gro_flush_timeout's timer model runs, or HZ >= 1000, where a full
+    budget keeps this jiffy's entries (R21.3) and so would keep this one past its end. With a single flow
+    nothing comes between, and the poll ends after the segment."""
+    return not at_once and work != 0 and waiting < 0
+
+
+@njit(cache=True, inline="always")
+def acked_flow_returns(waiting, gid):
+    """A packet of flow key ``gid`` comes while its ACKed end left the running poll's end waiting (``waiting``:
+    that key, -1 for none; ``acked_end_poll_waits``): the poll ended before this packet."""
+    return waiting >= 0 and gid == waiting
+
+
+@njit(cache=True, inline="always")
+def acked_row_poll_end(cause, waiting, gid):
+    """``poll_end`` of a row of flow key ``gid`` that a poll end completed: the poll's ``cause``, but ``ack`` for
+    the flow whose ACKed end left that poll's end waiting (``waiting``, -1: none): its end is the one the ACK
+    shows, whatever then ended the poll (the budget, an idle gap, another flow's ACKed end, its own next segment)."""
+    return R.PE_ACK if waiting >= 0 and gid == waiting else cause
+
+
 ACK_NEXT_ROWS = 4096
 """How far on ``acked_end_ends_poll`` looks for the flow's next segment (rows of the capture, every direction and
 receiver: 64 NAPI budgets): one further on is taken as none (the rule then ends the poll). A bound, so that the
