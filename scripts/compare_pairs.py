@@ -8,8 +8,9 @@ NAME (tools/kernel_lab/scenarios.py). The pairs the README reports were made wit
 
     .venv/bin/python -m tools.kernel_lab --outdir DIR --scenario NAME --bytes 40000000 --snaplen 128 --suffix _n1
 
-and with ring drops on the sender's veth (``--sender-qdisc noqueue --suffix _noqueue``): unpinned, 40 MB, the
-sender capture on the sender's veth (both directions), as a user would take them.
+with ring drops on the sender's veth (``--sender-qdisc noqueue --suffix _noqueue``), and with random drops
+between the sender's capture and the receiver's GRO (``--rx-drop 1000 --suffix _e1``: XDP on the receiver's veth):
+unpinned, 40 MB, the sender capture on the sender's veth (both directions), as a user would take them.
 """
 
 from __future__ import annotations

@@ -104,3 +104,70 @@ def test_tcbpf_helper_attaches_both_filters_as_tc_shows_them(veth_ns):
                                capture_output=True, text=True, timeout=10, check=True).stdout
         assert f"protocol all pref 1 bpf chain 0 handle 0x1 {name} direct-action" in shown, shown
         assert f"name {name} " in shown, shown
+
+
+# --rx-drop's XDP program in LLVM's BPF assembly, from xdp_random_drop_program's docstring: frames of at least
+# 200 bytes dropped when bpf_get_prandom_u32() (helper 7) >> 1 < 2**31 // N (N = 300: 7158278); XDP_DROP = 1,
+# XDP_PASS = 2.
+XDP_DROP_ASM = """r2 = *(u32 *)(r1 + 0)
+r3 = *(u32 *)(r1 + 4)
+r2 += 200
+if r2 > r3 goto +5
+call 7
+r0 >>= 1
+if r0 >= 7158278 goto +2
+r0 = 1
+exit
+r0 = 2
+exit
+"""
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the LLVM oracle is run for bpfel")
+def test_xdp_drop_program_encodes_as_llvm_assembles_it():
+    assert bpfasm.xdp_random_drop_program(300) == _llvm_encode(XDP_DROP_ASM)
+    with pytest.raises(ValueError):
+        bpfasm.xdp_random_drop_program(1)
+
+
+def _test_run(fd: int, frame: bytes) -> int:
+    """BPF_PROG_TEST_RUN (10) once over ``frame``: the program's return value (bpf_attr.test layout)."""
+    import ctypes
+    import platform
+    import struct
+
+    buf = ctypes.create_string_buffer(frame, len(frame))
+    attr = ctypes.create_string_buffer(struct.pack("=IIIIQQII", fd, 0, len(frame), 0, ctypes.addressof(buf), 0, 1, 0),
+                                       128)
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.syscall(ctypes.c_long(bpfasm.SYS_BPF[platform.machine()]), ctypes.c_long(10), attr, ctypes.c_long(128))
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return struct.unpack_from("=I", attr.raw, 4)[0]
+
+
+def test_kernel_runs_the_xdp_drop_program_as_specified():
+    """The kernel's own test run: a short frame always passes, a long one is dropped about one time in N."""
+    need_root()
+    try:
+        fd = bpfasm.bpf_prog_load(bpfasm.xdp_random_drop_program(4), "kl_rxdrop", bpfasm.BPF_PROG_TYPE_XDP)
+    except OSError as e:
+        if e.errno == 1:
+            pytest.skip(f"BPF_PROG_LOAD not permitted here: {e}")
+        raise
+    try:
+        short, long_ = b"\0" * (bpfasm.RX_DROP_MIN_LEN - 1), b"\0" * 1514
+        assert {_test_run(fd, short) for _ in range(200)} == {bpfasm.XDP_PASS}
+        got = [_test_run(fd, long_) for _ in range(2000)]
+        assert set(got) == {bpfasm.XDP_PASS, bpfasm.XDP_DROP}
+        assert 350 <= got.count(bpfasm.XDP_DROP) <= 650  # 500 expected; binomial sd 19
+    finally:
+        os.close(fd)
+
+
+def test_xdpdrop_helper_attaches_in_driver_mode(veth_ns):
+    cp = subprocess.run(["ip", "netns", "exec", veth_ns, sys.executable, str(ROOT / "tools" / "kernel_lab"),
+                         "--_xdpdrop", "klvb", "1000"], capture_output=True, text=True, timeout=30, check=False)
+    assert cp.returncode == 0, cp.stderr
+    shown = subprocess.run(["ip", "-n", veth_ns, "-d", "link", "show", "klvb"], capture_output=True, text=True,
+                           timeout=10, check=True).stdout
+    assert re.search(r"\bxdp\b", shown) and "prog/xdp id" in shown, shown

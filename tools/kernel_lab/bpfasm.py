@@ -16,14 +16,19 @@ import socket
 import struct
 import sys
 
-from .netlink import TC_H_CLSACT_EGRESS, TC_H_CLSACT_INGRESS, tc_attach_bpf
+from .netlink import TC_H_CLSACT_EGRESS, TC_H_CLSACT_INGRESS, tc_attach_bpf, xdp_attach
 
-BPF_PROG_LOAD, BPF_PROG_TYPE_SCHED_CLS = 5, 3
+BPF_PROG_LOAD, BPF_PROG_TYPE_SCHED_CLS, BPF_PROG_TYPE_XDP = 5, 3, 6
+BPF_FUNC_GET_PRANDOM_U32 = 7
 BPF_FUNC_SKB_VLAN_PUSH, BPF_FUNC_SKB_VLAN_POP = 18, 19  # include/uapi/linux/bpf.h __BPF_FUNC_MAPPER
 SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "ppc64le": 361, "s390x": 351}
 # opcodes: BPF_ALU64|BPF_MOV|BPF_X (dst = src), BPF_ALU64|BPF_MOV|BPF_K (dst = imm), BPF_JMP|BPF_CALL, BPF_JMP|BPF_EXIT
 MOV64_REG, MOV64_IMM, CALL, EXIT = 0xBF, 0xB7, 0x85, 0x95
+# BPF_LDX|BPF_MEM|BPF_W, BPF_ALU64|BPF_ADD|BPF_K, BPF_ALU64|BPF_RSH|BPF_K, BPF_JMP|BPF_JGT|BPF_X, BPF_JMP|BPF_JGE|BPF_K
+LDX_W, ADD64_IMM, RSH64_IMM, JGT_REG, JGE_IMM = 0x61, 0x07, 0x77, 0x2D, 0x35
 TC_ACT_OK = 0
+XDP_DROP, XDP_PASS = 1, 2
+RX_DROP_MIN_LEN = 200  # frames shorter than this (pure ACKs, ARP, ND) always pass
 
 
 def bpf_insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
@@ -62,8 +67,31 @@ def bpf_vlan_programs(outer_id: int, inner_id: int) -> tuple[bytes, bytes]:
     return b"".join(push), b"".join(pop)
 
 
-def bpf_prog_load(insns: bytes, name: str) -> int:
-    """BPF_PROG_LOAD a SCHED_CLS program through the raw bpf(2) syscall; return its fd.
+def xdp_random_drop_program(one_in: int) -> bytes:
+    """An XDP program dropping each frame of at least RX_DROP_MIN_LEN bytes with probability 1/one_in.
+
+    On the receiver's veth it drops data segments after the sender's capture saw them and before GRO: the loss a
+    field capture taken on the sender shows as a segment the receiver never got (then SACKs and a retransmission).
+    A frame is dropped when bpf_get_prandom_u32() >> 1 (31 random bits) is below 2**31 // one_in."""
+    if one_in < 2:
+        raise ValueError("one_in must be >= 2")
+    return b"".join([
+        bpf_insn(LDX_W, 2, 1, 0),  # r2 = ctx->data
+        bpf_insn(LDX_W, 3, 1, 4),  # r3 = ctx->data_end
+        bpf_insn(ADD64_IMM, 2, imm=RX_DROP_MIN_LEN),
+        bpf_insn(JGT_REG, 2, 3, off=5),  # shorter: pass
+        bpf_insn(CALL, imm=BPF_FUNC_GET_PRANDOM_U32),
+        bpf_insn(RSH64_IMM, 0, imm=1),
+        bpf_insn(JGE_IMM, 0, off=2, imm=(1 << 31) // one_in),
+        bpf_insn(MOV64_IMM, 0, imm=XDP_DROP),
+        bpf_insn(EXIT),
+        bpf_insn(MOV64_IMM, 0, imm=XDP_PASS),
+        bpf_insn(EXIT),
+    ])  # fmt: skip
+
+
+def bpf_prog_load(insns: bytes, name: str, prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> int:
+    """BPF_PROG_LOAD a program (SCHED_CLS unless ``prog_type``) through the raw bpf(2) syscall; return its fd.
 
     OSError (with the verifier's log) when the kernel refuses the program.
     """
@@ -75,7 +103,7 @@ def bpf_prog_load(insns: bytes, name: str) -> int:
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(1 << 16)
     attr = struct.pack(
-        "=IIQQIIQII16s", BPF_PROG_TYPE_SCHED_CLS, len(insns) // 8, ctypes.addressof(ibuf),
+        "=IIQQIIQII16s", prog_type, len(insns) // 8, ctypes.addressof(ibuf),
         ctypes.addressof(lic), 1, len(log), ctypes.addressof(log), 0, 0, name.encode()[:15],
     )  # fmt: skip
     abuf = ctypes.create_string_buffer(attr, 128)  # the rest of union bpf_attr stays zero
@@ -97,5 +125,20 @@ def tcbpf_helper(argv: list[str]) -> int:
         "egress": f"bpf_skb_vlan_push 802.1Q {inner_id}, then 802.1ad {outer_id} ({len(push) // 8} insns)",
         "ingress": f"bpf_skb_vlan_pop twice ({len(pop) // 8} insns)",
         "egress_insns_hex": push.hex(), "ingress_insns_hex": pop.hex(),
+    }))  # fmt: skip
+    return 0
+
+
+def xdpdrop_helper(argv: list[str]) -> int:
+    """Hidden entry point ``--_xdpdrop DEV ONE_IN`` run inside the namespace: attach the random-drop XDP program
+    (driver mode) to DEV. The program stays attached after this process exits (the link holds it)."""
+    dev, one_in = argv[0], int(argv[1])
+    insns = xdp_random_drop_program(one_in)
+    fd = bpf_prog_load(insns, "rx_drop", BPF_PROG_TYPE_XDP)
+    xdp_attach(dev, fd)
+    print(json.dumps({
+        "program": f"XDP on {dev}: drop a frame of >= {RX_DROP_MIN_LEN} bytes when bpf_get_prandom_u32() >> 1 "
+                   f"< 2**31 // {one_in} ({len(insns) // 8} insns)",
+        "insns_hex": insns.hex(),
     }))  # fmt: skip
     return 0

@@ -52,7 +52,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .bpfasm import tcbpf_helper
+from .bpfasm import tcbpf_helper, xdpdrop_helper
 from .cpu import CpuPlan
 from .derive import derive_all
 from .experiment import Experiment, one_line_summary
@@ -64,7 +64,8 @@ from .scenarios import DEFAULT_BYTES, DEFAULT_SNAPLEN, KERNEL_FIXTURES, MIN_SNAP
 
 # The hidden entry points the experiment runs inside a namespace (runner.helper_command): option -> function(argv)
 HIDDEN: dict[str, Callable[[list[str]], int]] = {
-    "--_netlink": netlink_helper, "--_tcbpf": tcbpf_helper, "--_tun_relay": tun_relay,
+    "--_netlink": netlink_helper, "--_tcbpf": tcbpf_helper, "--_xdpdrop": xdpdrop_helper,
+    "--_tun_relay": tun_relay,
     "--_geneve_relay": geneve_relay, "--_probe": probe,
 }  # fmt: skip
 
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sender-qdisc", default=None, metavar="SPEC",
                     help="tc qdisc on va instead of 'pfifo limit 10000', e.g. 'netem loss 0.5%% limit 10000' (drops "
                     "before the sender's capture) or 'noqueue' (the veth ring drops after it)")
+    ap.add_argument("--rx-drop", type=int, default=None, metavar="N",
+                    help="attach an XDP program to vb dropping one data frame in N at random (veth's driver-mode "
+                    "XDP runs before GRO): loss after the sender's capture point, as on a field capture taken on the "
+                    "sender; the drops are read back from vb's xdp_drops counter")
     ap.add_argument("--suffix", default="", help="appended to the scenario name in the output file names")
     args = ap.parse_args(argv)
     cpu = CpuPlan(
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         try:
             info = Experiment(SCENARIOS[name], args.outdir, args.bytes, args.snaplen, cpu, args.sender_qdisc,
-                              args.suffix).run()
+                              args.suffix, args.rx_drop).run()
             print(one_line_summary(info))
         except CaptureError as e:
             print(f"{PROG}: {name}: {e}", file=sys.stderr)

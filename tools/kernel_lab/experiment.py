@@ -63,13 +63,14 @@ class Experiment:
 
     def __init__(
         self, sc: Scenario, outdir: Path, nbytes: int | None, snaplen: int | None, cpu: CpuPlan | None = None,
-        sender_qdisc: str | None = None, suffix: str = "",
+        sender_qdisc: str | None = None, suffix: str = "", rx_drop: int | None = None,
     ) -> None:
         self.sc, self.outdir = sc, outdir
         # tc qdisc spec for va instead of "pfifo limit 10000": "netem loss 0.5% limit 10000" drops before the
         # sender's tap (the capture shows only the retransmission), "noqueue" lets the 256-slot veth ring drop after
         # it (the sender's capture shows a segment the receiver never got)
         self.sender_qdisc = sender_qdisc
+        self.rx_drop = rx_drop  # XDP on vb drops one data frame in rx_drop at random (after the sender's tap)
         self.suffix = suffix  # appended to the scenario name in the output file names
         self.cpu = cpu or CpuPlan()
         self.napi_trace: NapiTrace | None = None
@@ -133,6 +134,11 @@ class Experiment:
             got = r.run(["cat", "/sys/class/net/vb/threaded"], ns=rcv).stdout.strip()
             if got != str(self.cpu.threaded):
                 raise CaptureError(f"vb threaded reads back {got!r}, wanted {self.cpu.threaded}")
+        if self.rx_drop is not None:
+            if self.sc.topology != "veth":
+                raise CaptureError("--rx-drop needs a plain veth scenario")
+            cp = r.run(helper_command("--_xdpdrop", "vb", str(self.rx_drop)), ns=rcv)
+            self.info["rx_drop"] = json.loads(cp.stdout) | {"one_in": self.rx_drop}
         self.check_limits()
         if self.sc.topology != "veth":
             self.setup_topology()
@@ -505,6 +511,9 @@ class Experiment:
             if self.napi_trace is not None:
                 self.info["napi_trace"] = self.napi_trace.stop(self.outdir / f"{self.sc.name}{self.suffix}.napi.tsv")
             self.info["cpu"] = self.cpu.record() | {"counters_during_traffic": counter_delta(before, after)}
+            if self.rx_drop is not None:  # veth's per-queue XDP counters (ethtool -S): what the program dropped
+                st = self.r.run(["ethtool", "-S", "vb"], ns=self.rcv, check=False).stdout.splitlines()
+                self.info["rx_drop"]["ethtool_S"] = [ln.strip() for ln in st if "xdp" in ln or "drop" in ln]
             time.sleep(1.5)  # > libpcap's TPACKET_V3 block timeout, so every packet reaches the file
             for side, p, errpath in running:
                 self.info["capture"][f"tcpdump_{SIDE_NAMES[side]}"] = self.stop_tcpdump(p, errpath)
@@ -601,6 +610,8 @@ def one_line_summary(info: dict[str, Any]) -> str:
     cap = info.get("capture", {})
     drops = [cap.get(k, {}).get("dropped_by_kernel") for k in ("tcpdump_sender", "tcpdump_receiver")]
     parts.append(f"drops={drops}")
+    if "rx_drop" in info:
+        parts.append("rx_drop " + ", ".join(info["rx_drop"].get("ethtool_S", [])))
     return " | ".join(parts)
 
 

@@ -33,6 +33,7 @@ IFLA = {
     "gso_ipv4_max_size": 63,
     "gro_ipv4_max_size": 64,
 }
+IFLA_XDP, IFLA_XDP_FD, IFLA_XDP_FLAGS, XDP_FLAGS_DRV_MODE, NLA_F_NESTED = 43, 1, 3, 4, 0x8000
 IFLA_GSO_IPV4_MAX_SIZE = IFLA["gso_ipv4_max_size"]
 IFLA_GRO_IPV4_MAX_SIZE = IFLA["gro_ipv4_max_size"]
 
@@ -174,6 +175,13 @@ def tc_attach_bpf(ifname: str, fd: int, parent: int, name: str) -> None:
     """``tc filter add dev IF {egress|ingress} prio 1 handle 1 bpf da fd FD`` as one RTM_NEWTFILTER."""
     body = bpf_filter_body(socket.if_nametoindex(ifname), fd, parent, name)
     nl_send(RTM_NEWTFILTER, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
+
+
+def xdp_attach(ifname: str, fd: int) -> None:
+    """``ip link set dev IF xdpdrv fd FD`` as one RTM_NEWLINK with a nested IFLA_XDP {FD, FLAGS=DRV_MODE}."""
+    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, socket.if_nametoindex(ifname), 0, 0)
+    nest = nl_attr(IFLA_XDP_FD, struct.pack("=i", fd)) + nl_attr(IFLA_XDP_FLAGS, struct.pack("=I", XDP_FLAGS_DRV_MODE))
+    nl_send(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, body + nl_attr(IFLA_XDP | NLA_F_NESTED, nest))
 
 
 def netlink_helper(argv: list[str]) -> int:
