@@ -102,3 +102,20 @@ def test_lengths_never_come_from_caplen():
     assert (pb.caplen[big] <= 96).all()
     assert (pb.ip_len[big].astype(np.int64) == pb.wirelen[big].astype(np.int64) - 14).all()
     assert (pb.ip_len[big] > 65535 + 40).all()
+
+
+SACK_CAPTURES = sorted((KERNEL / "lost").glob("*.pcap")) + sorted((KERNEL / "late").glob("*.pcap"))
+
+
+@pytest.mark.parametrize("capture", SACK_CAPTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_first_sack_block_matches_tshark(capture):
+    """The first SACK block's raw edges (the GRO evidence reads both) are tshark's first sack_le / sack_re."""
+    pb = _decode_all(capture)
+    rows = tshark_fields(capture, ["frame.number", "tcp.options.sack_le", "tcp.options.sack_re"], "tcp.options.sack_le",
+                         prefs=["-o", "tcp.relative_sequence_numbers:FALSE"])
+    assert rows, "the fixture holds SACK blocks"
+    want = {int(r["frame.number"]): (int(r["tcp.options.sack_le"].split(",")[0]),
+                                     int(r["tcp.options.sack_re"].split(",")[0])) for r in rows}
+    got = {int(f): (int(le), int(re_)) for f, n, le, re_ in
+           zip(pb.frame, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.tcp_sack_right) if n}
+    assert got == want

@@ -76,7 +76,7 @@ U32_IP_LEN_FIELD, U32_IP_LEN, U32_JUMBO, U32_FLOW_LABEL = _R("ip_len_field"), _R
     _R("flow_label")
 U32_SEQ, U32_ACK, U32_TCP_PAYLOAD = _R("tcp_seq"), _R("tcp_ack"), _R("tcp_payload_len")
 U32_TS_VAL, U32_TS_ECR, U32_UDP_LEN = _R("tcp_ts_val"), _R("tcp_ts_ecr"), _R("udp_len")
-U32_SACK_LEFT = _R("tcp_sack_left")
+U32_SACK_LEFT, U32_SACK_RIGHT = _R("tcp_sack_left"), _R("tcp_sack_right")
 U16_STATUS, U16_L2_LEN, U16_VLAN, U16_IP_HDR_LEN = _R("status"), _R("l2_len"), _R("vlan"), _R("ip_hdr_len")
 U16_IP_ID, U16_EXT_LEN, U16_SPORT, U16_DPORT = _R("ip_id"), _R("ext_len"), _R("sport"), _R("dport")
 U16_FLAGS, U16_WIN, U16_MSS = _R("tcp_flags"), _R("tcp_win"), _R("tcp_mss")
@@ -775,6 +775,7 @@ def _tcp(buf, l4, end, l4_true, i, o8, o16, o32, o64, oi8, f_row, f_code, f_val,
             o8[U8_SACK_BLOCKS, i] = (ol - 2) // 8
             if ol >= 10:
                 o32[U32_SACK_LEFT, i] = be32(buf, o + 2)
+                o32[U32_SACK_RIGHT, i] = be32(buf, o + 6)
         elif kind == 8 and ol == 10:
             o8[U8_HAS_TS, i] = 1
             o32[U32_TS_VAL, i] = be32(buf, o + 2)

@@ -132,6 +132,7 @@ COLUMNS: tuple[Column, ...] = (
     C("tcp_has_ts", np.bool_, "u8", "timestamp option present"),
     C("tcp_ts_ecr", np.uint32, "u32", "timestamp option TSecr"),
     C("tcp_sack_left", np.uint32, "u32", "left edge of the first SACK block (raw), 0 when none"),
+    C("tcp_sack_right", np.uint32, "u32", "right edge of the first SACK block (raw), 0 when none"),
 )
 del C
 BATCH_COLUMNS: tuple[Column, ...] = tuple(c for c in COLUMNS if c.origin != "flows")

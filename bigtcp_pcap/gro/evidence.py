@@ -153,6 +153,24 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
         CS[e, CS_TAIL] = -1
 
 
+@njit(cache=True, inline="always")
+def _flag_chain(TK, TV, TF, FLAG, PREV, k, here, size, tmask, r, window, rmask):
+    """An ACKed end's key ``k``: flag every row of its chains (this generation's table at ``here``, then the
+    previous one's) not judged yet and at most ``window`` rows back; mark them judged. True when either table held
+    the key."""
+    hit = False
+    for base in (here, size - here):
+        j = _find(TK, TV, k, base, tmask)
+        if j >= 0:
+            hit = True
+            x, stop, lo = TV[j], TF[j], r - window
+            while x > stop and x >= lo:
+                FLAG[x & rmask] = 1
+                x = PREV[x & rmask]
+            TF[j] = TV[j]
+    return hit
+
+
 AHEAD = 8  # rows between a row's digests and prefetches and its turn in ``evidence_scan`` (a ring of 16 in DG)
 
 
@@ -199,10 +217,12 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u8[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], i64[::1], i64[::1], u8[::1], "
+           "u64[:, ::1], u8[::1], u32[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], i64[::1], i64[::1], "
+           "u8[::1], "
            "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
            "i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
-def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, ts, row0, window,
+def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, sackr, ts, row0,
+                  window,
                   gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
                   LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
@@ -213,7 +233,8 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     ``g << gshift`` to ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size``
     of TK/TV/TF, each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
     judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow, ack
-    number) key is looked up in its generation's table and the previous one's: every row of those chains not judged
+    number) key, and with a SACK block beyond the ACK number the (reverse flow, that first block's right edge) key,
+    is looked up in its generation's table and the previous one's: every row of those chains not judged
     yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own segment goes
     in, so it never counts for itself. Entering a generation clears the table of the one two back, out of every
     window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it has not taken).
@@ -279,22 +300,18 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
         e = np.int64(-1)
         if flags[i] & TH_ACK:
             e = _conn(CK, CU, CI, CS, ST, rev, here, size - here, tmask, False)
-        # acked ends
+        # acked ends: the ACK number, and the right edge of the first SACK block (RFC 2018: the block holding
+        # the data that triggered the ACK, so the end of what the receiver's stack was just handed, as an ACK
+        # number is when nothing is missing; a D-SACK's block, at or below the ACK number, is left out)
         if e >= 0:
             k = _fmix(rev, np.uint64(ack[i]))
-            if k != absent:  # (an ACK number repeated while it is in neither table)
-                hit = False
-                for base in (here, size - here):  # this generation's chain, then the previous one's
-                    j = _find(TK, TV, k, base, tmask)
-                    if j >= 0:
-                        hit = True
-                        x, stop, lo = TV[j], TF[j], r - window
-                        while x > stop and x >= lo:
-                            FLAG[x & rmask] = 1
-                            x = PREV[x & rmask]
-                        TF[j] = TV[j]
-                if not hit:
-                    absent = k
+            # (k == absent: an ACK number repeated while it is in neither table)
+            if k != absent and not _flag_chain(TK, TV, TF, FLAG, PREV, k, here, size, tmask, r, window, rmask):
+                absent = k
+            if sack[i] != 0 and _seq_after(np.int64(sackr[i]), np.int64(ack[i])) \
+                    and _seq_after(np.int64(sackl[i]), np.int64(ack[i])):
+                _flag_chain(TK, TV, TF, FLAG, PREV, _fmix(rev, np.uint64(sackr[i])), here, size, tmask, r, window,
+                            rmask)
         if plen[i] > 0:
             k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
             j = _find(TK, TV, k, here, tmask)
@@ -485,7 +502,8 @@ class AckEvidence:
             src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
             dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
             evidence_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
-                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left, pb.ts_ns,
+                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left,
+                          pb.tcp_sack_right, pb.ts_ns,
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
                           np.int64(BUSY_MAX_NS), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._CK,
                           self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
