@@ -46,15 +46,16 @@ _NO_KEY = np.uint64(0)  # no ACK key is known absent (an ACK key whose digest is
 
 
 @njit(cache=True, inline="always")
-def _find(TK, TV, k, base, tmask):
-    """Index of key ``k`` (its own hash) in the table at ``base`` (``tmask + 1`` slots) of TK/TV, or ``-2 - s``
+def _find(T, k, base, tmask):
+    """Index of key ``k`` (its own hash) in the table at ``base`` (``tmask + 1`` slots) of T, or ``-2 - s``
     where ``s`` is the empty slot that ended the search (where it would go)."""
     j = np.int64(k & np.uint64(tmask))
+    kk = np.int64(k)
     while True:
-        v = TV[base + j]
+        v = T[(base + j) * 4 + 1]
         if v == EMPTY:
             return -2 - (base + j)
-        if TK[base + j] == k:
+        if T[(base + j) * 4] == kk:
             return base + j
         j = (j + 1) & tmask
 
@@ -154,20 +155,20 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
 
 
 @njit(cache=True, inline="always")
-def _flag_chain(TK, TV, TF, FLAG, PREV, k, here, size, tmask, r, window, rmask):
+def _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask):
     """An ACKed end's key ``k``: flag every row of its chains (this generation's table at ``here``, then the
     previous one's) not judged yet and at most ``window`` rows back; mark them judged. True when either table held
     the key."""
     hit = False
     for base in (here, size - here):
-        j = _find(TK, TV, k, base, tmask)
+        j = _find(T, k, base, tmask)
         if j >= 0:
             hit = True
-            x, stop, lo = TV[j], TF[j], r - window
+            x, stop, lo = T[j * 4 + 1], T[j * 4 + 2], r - window
             while x > stop and x >= lo:
                 FLAG[x & rmask] = 1
                 x = PREV[x & rmask]
-            TF[j] = TV[j]
+            T[j * 4 + 2] = T[j * 4 + 1]
     return hit
 
 
@@ -175,7 +176,7 @@ AHEAD = 8  # rows between a row's digests and prefetches and its turn in ``evide
 
 
 @njit(cache=True, inline="always")
-def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size, tmask, TK, TV,
+def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size, tmask, T,
            CK, CU, CI, DG):
     """Row ``ia``'s two direction digests into DG (ring slot ``ia & 15``: forward, reverse, 1 when it is a TCP
     row the scan looks at), and a prefetch of the table slots its turn will probe: the scan reaches it
@@ -198,8 +199,7 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
     ha = ((row0 + ia) >> gshift & 1) * size
     if plen[ia] > 0:
         j = ha + np.int64(_fmix(f, (np.uint64(seq[ia]) + np.uint64(plen[ia])) & _U32) & np.uint64(tmask))
-        prefetch(TV, j)
-        prefetch(TK, j)
+        prefetch(T, j * 4)
         j = ha + np.int64(f & np.uint64(tmask))
         prefetch(CU, j)
         prefetch(CK, j)
@@ -211,28 +211,28 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
         prefetch(CI, j)
         if plen[ia] == 0:  # (a data row's ACK is mostly of a one-way flow's: no lookup)
             j = np.int64(_fmix(rv, np.uint64(ack[ia])) & np.uint64(tmask))
-            prefetch(TV, ha + j)
-            prefetch(TV, size - ha + j)
+            prefetch(T, (ha + j) * 4)
+            prefetch(T, (size - ha + j) * 4)
 
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u8[::1], u32[::1], u32[::1], i64[::1], i64, i64, i64, i64, u64[::1], i64[::1], i64[::1], "
-           "u8[::1], "
+           "u64[:, ::1], u8[::1], u32[::1], u32[::1], i64[::1], i64, i64, i64, i64, i64[::1], u8[::1], "
            "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
            "i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
 def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, sackr, ts, row0,
                   window,
-                  gshift, max_ns, TK, TV, TF, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
+                  gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
                   LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
     ST = [the generation of the last row, the CS rows each parity's generation has used].
 
     Acked ends (``acked_ends``): a data segment's (flow, end) key goes into the table of its generation (rows
-    ``g << gshift`` to ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, at ``(g & 1) * size``
-    of TK/TV/TF, each an open-addressing map at most half full: key TK, latest row with that key TV, latest row already
-    judged TF), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow, ack
+    ``g << gshift`` to ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, slots ``(g & 1) *
+    size`` on of T, each an open-addressing map at most half full; a slot is four int64 in a row, one cache line
+    for a probe: the key (its 64-bit digest, bit for bit), the latest row with that key, the latest row already
+    judged, padding), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow, ack
     number) key, and with a SACK block beyond the ACK number the (reverse flow, that first block's right edge) key,
     is looked up in its generation's table and the previous one's: every row of those chains not judged
     yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own segment goes
@@ -240,7 +240,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     window by then. FLAG/PREV are rings indexed by row (the caller keeps every row whose flags it has not taken).
     Flow directions are digested as the flow table digests its keys.
 
-    Busy times (module doc), per flow direction (tables CK/CU/CI by generation parity like TK/TV, a key moved to the
+    Busy times (module doc), per flow direction (tables CK/CU/CI by generation parity like T's, a key moved to the
     current generation's table when it is used; state CS, rows dense per generation): the segments not yet covered
     by an ACK, oldest first, linked through NXT. An ACK that advances the direction's acknowledgment number and has
     no SACK block drops the covered segments and those older than ``max_ns``, and sets the busy time of the rest to
@@ -263,18 +263,18 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     row: NXT, END (segment end), SEQR (its start), TSR (its time), BUSY, MOVE, TGT. LQ/LQK: the last NLQ rows
     marked lost and their directions."""
     rmask = np.int64(FLAG.shape[0] - 1)  # (every ring has the same size)
-    size = np.int64(TV.shape[0] >> 1)  # (both tables by parity have the same size)
+    size = np.int64(T.shape[0] >> 3)  # (both tables by parity have the same size)
     tmask = size - 1
     gen = ST[0]
     n = ver.shape[0]
     absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
     for ia in range(min(AHEAD, n)):
-        _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size, tmask, TK,
-               TV, CK, CU, CI, DG)
+        _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size, tmask, T,
+               CK, CU, CI, DG)
     for i in range(n):
         if i + AHEAD < n:
             _ahead(i + AHEAD, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, row0, gshift, size,
-                   tmask, TK, TV, CK, CU, CI, DG)
+                   tmask, T, CK, CU, CI, DG)
         r = row0 + i
         FLAG[r & rmask] = 0
         PREV[r & rmask] = -1
@@ -284,7 +284,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
         if g != gen:  # a new generation: its tables held the one two back
             base = (g & 1) * size
             for j in range(base, base + size):
-                TV[j] = EMPTY
+                T[j * 4 + 1] = EMPTY
                 CU[j] = 0
             ST[1 + (g & 1)] = 0
             gen = g
@@ -306,27 +306,27 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
         if e >= 0:
             k = _fmix(rev, np.uint64(ack[i]))
             # (k == absent: an ACK number repeated while it is in neither table)
-            if k != absent and not _flag_chain(TK, TV, TF, FLAG, PREV, k, here, size, tmask, r, window, rmask):
+            if k != absent and not _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask):
                 absent = k
             if sack[i] != 0 and _seq_after(np.int64(sackr[i]), np.int64(ack[i])) \
                     and _seq_after(np.int64(sackl[i]), np.int64(ack[i])):
-                _flag_chain(TK, TV, TF, FLAG, PREV, _fmix(rev, np.uint64(sackr[i])), here, size, tmask, r, window,
+                _flag_chain(T, FLAG, PREV, _fmix(rev, np.uint64(sackr[i])), here, size, tmask, r, window,
                             rmask)
         if plen[i] > 0:
             k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
-            j = _find(TK, TV, k, here, tmask)
+            j = _find(T, k, here, tmask)
             if j >= 0:
-                PREV[r & rmask] = TV[j]
-                TV[j] = r
+                PREV[r & rmask] = T[j * 4 + 1]
+                T[j * 4 + 1] = r
             else:
                 j = -2 - j  # the empty slot that ended the search
-                TK[j] = k
-                TV[j] = r
-                TF[j] = -1
+                T[j * 4] = np.int64(k)
+                T[j * 4 + 1] = r
+                T[j * 4 + 2] = -1
                 if k == absent:
                     absent = _NO_KEY
         # busy evidence and late segments
-        if e >= 0:  # (e as found above: taking this row's segment into TK changed no direction's state)
+        if e >= 0:  # (e as found above: taking this row's segment into T changed no direction's state)
             a = np.int64(ack[i])
             t = ts[i]
             _expire(CS, NXT, MOVE, e, r, window, rmask)
@@ -467,9 +467,9 @@ class AckEvidence:
         self.window = int(WINDOW)
         self._gshift = max(4, (self.window - 1).bit_length())  # a generation: 2**gshift >= window rows
         size = 2 << self._gshift  # a generation's table: at most half full (one key per row at most)
-        self._TK = lazy_zeros(2 * size, np.uint64)  # generation parity p: slots p * size to (p + 1) * size
-        self._TV = np.full(2 * size, EMPTY, np.int64)
-        self._TF = np.full(2 * size, -1, np.int64)
+        self._T = lazy_zeros(8 * size, np.int64)  # generation parity p: slots p * size to (p + 1) * size
+        self._T[1::4] = EMPTY
+        self._T[2::4] = -1
         self._ST = np.zeros(3, np.int64)  # the generation of the last row scanned, CS rows used per parity
         # busy evidence: per flow direction, then rings by row
         self._CK = lazy_zeros(2 * size, np.uint64)
@@ -505,7 +505,7 @@ class AckEvidence:
                           pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.tcp_sack_blocks, pb.tcp_sack_left,
                           pb.tcp_sack_right, pb.ts_ns,
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
-                          np.int64(BUSY_MAX_NS), self._TK, self._TV, self._TF, self._FLAG, self._PREV, self._CK,
+                          np.int64(BUSY_MAX_NS), self._T, self._FLAG, self._PREV, self._CK,
                           self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,
                           self._MOVE, self._TGT, self._LQ, self._LQK, self._ST, self._DG)
         if self._held:
