@@ -44,6 +44,9 @@ from ..flows.table import EMPTY, _digest, _fmix
 _U32 = np.uint64(0xFFFFFFFF)
 _NO_KEY = np.uint64(0)  # no ACK key is known absent (an ACK key whose digest is 0 is then not looked up: 2**-64)
 
+# a slot of the acked-ends table T: TW int64 in a row (one cache line for a probe), the key (its 64-bit digest,
+# bit for bit), the latest row with that key (EMPTY: a free slot), the latest row already judged, padding
+T_KEY, T_ROW, T_JUDGED, TW = 0, 1, 2, 4
 
 @njit(cache=True, inline="always")
 def _find(T, k, base, tmask):
@@ -52,10 +55,10 @@ def _find(T, k, base, tmask):
     j = np.int64(k & np.uint64(tmask))
     kk = np.int64(k)
     while True:
-        v = T[(base + j) * 4 + 1]
+        v = T[(base + j) * TW + T_ROW]
         if v == EMPTY:
             return -2 - (base + j)
-        if T[(base + j) * 4] == kk:
+        if T[(base + j) * TW + T_KEY] == kk:
             return base + j
         j = (j + 1) & tmask
 
@@ -164,11 +167,11 @@ def _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask):
         j = _find(T, k, base, tmask)
         if j >= 0:
             hit = True
-            x, stop, lo = T[j * 4 + 1], T[j * 4 + 2], r - window
+            x, stop, lo = T[j * TW + T_ROW], T[j * TW + T_JUDGED], r - window
             while x > stop and x >= lo:
                 FLAG[x & rmask] = 1
                 x = PREV[x & rmask]
-            T[j * 4 + 2] = T[j * 4 + 1]
+            T[j * TW + T_JUDGED] = T[j * TW + T_ROW]
     return hit
 
 
@@ -199,7 +202,7 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
     ha = ((row0 + ia) >> gshift & 1) * size
     if plen[ia] > 0:
         j = ha + np.int64(_fmix(f, (np.uint64(seq[ia]) + np.uint64(plen[ia])) & _U32) & np.uint64(tmask))
-        prefetch(T, j * 4)
+        prefetch(T, j * TW)
         j = ha + np.int64(f & np.uint64(tmask))
         prefetch(CU, j)
         prefetch(CK, j)
@@ -211,8 +214,8 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
         prefetch(CI, j)
         if plen[ia] == 0:  # (a data row's ACK is mostly of a one-way flow's: no lookup)
             j = np.int64(_fmix(rv, np.uint64(ack[ia])) & np.uint64(tmask))
-            prefetch(T, (ha + j) * 4)
-            prefetch(T, (size - ha + j) * 4)
+            prefetch(T, (ha + j) * TW)
+            prefetch(T, (size - ha + j) * TW)
 
 
 @njit(cache=True, entry=True,
@@ -221,8 +224,7 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
            "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
            "i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
 def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, sack, sackl, sackr, ts, row0,
-                  window,
-                  gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
+                  window, gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
                   LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
@@ -230,9 +232,8 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
 
     Acked ends (``acked_ends``): a data segment's (flow, end) key goes into the table of its generation (rows
     ``g << gshift`` to ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, slots ``(g & 1) *
-    size`` on of T, each an open-addressing map at most half full; a slot is four int64 in a row, one cache line
-    for a probe: the key (its 64-bit digest, bit for bit), the latest row with that key, the latest row already
-    judged, padding), linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow, ack
+    size`` on of T, each an open-addressing map at most half full, its slots laid out as T_KEY/T_ROW/T_JUDGED say),
+    linked to the previous row with the same key in that generation (PREV). An ACK's (reverse flow, ack
     number) key, and with a SACK block beyond the ACK number the (reverse flow, that first block's right edge) key,
     is looked up in its generation's table and the previous one's: every row of those chains not judged
     yet and at most ``window`` rows back gets ``FLAG = 1``. A packet's ACK is looked up before its own segment goes
@@ -263,7 +264,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     row: NXT, END (segment end), SEQR (its start), TSR (its time), BUSY, MOVE, TGT. LQ/LQK: the last NLQ rows
     marked lost and their directions."""
     rmask = np.int64(FLAG.shape[0] - 1)  # (every ring has the same size)
-    size = np.int64(T.shape[0] >> 3)  # (both tables by parity have the same size)
+    size = np.int64(T.shape[0] // (2 * TW))  # (both tables by parity have the same size)
     tmask = size - 1
     gen = ST[0]
     n = ver.shape[0]
@@ -284,7 +285,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
         if g != gen:  # a new generation: its tables held the one two back
             base = (g & 1) * size
             for j in range(base, base + size):
-                T[j * 4 + 1] = EMPTY
+                T[j * TW + T_ROW] = EMPTY
                 CU[j] = 0
             ST[1 + (g & 1)] = 0
             gen = g
@@ -316,13 +317,13 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
             k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
             j = _find(T, k, here, tmask)
             if j >= 0:
-                PREV[r & rmask] = T[j * 4 + 1]
-                T[j * 4 + 1] = r
+                PREV[r & rmask] = T[j * TW + T_ROW]
+                T[j * TW + T_ROW] = r
             else:
                 j = -2 - j  # the empty slot that ended the search
-                T[j * 4] = np.int64(k)
-                T[j * 4 + 1] = r
-                T[j * 4 + 2] = -1
+                T[j * TW + T_KEY] = np.int64(k)
+                T[j * TW + T_ROW] = r
+                T[j * TW + T_JUDGED] = -1
                 if k == absent:
                     absent = _NO_KEY
         # busy evidence and late segments
@@ -467,9 +468,9 @@ class AckEvidence:
         self.window = int(WINDOW)
         self._gshift = max(4, (self.window - 1).bit_length())  # a generation: 2**gshift >= window rows
         size = 2 << self._gshift  # a generation's table: at most half full (one key per row at most)
-        self._T = lazy_zeros(8 * size, np.int64)  # generation parity p: slots p * size to (p + 1) * size
-        self._T[1::4] = EMPTY
-        self._T[2::4] = -1
+        self._T = lazy_zeros(2 * size * TW, np.int64)  # generation parity p: slots p * size to (p + 1) * size
+        self._T[T_ROW::TW] = EMPTY
+        self._T[T_JUDGED::TW] = -1
         self._ST = np.zeros(3, np.int64)  # the generation of the last row scanned, CS rows used per parity
         # busy evidence: per flow direction, then rings by row
         self._CK = lazy_zeros(2 * size, np.uint64)
