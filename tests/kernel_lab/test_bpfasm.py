@@ -133,16 +133,12 @@ def test_xdp_drop_program_encodes_as_llvm_assembles_it():
 def _test_run(fd: int, frame: bytes) -> int:
     """BPF_PROG_TEST_RUN (10) once over ``frame``: the program's return value (bpf_attr.test layout)."""
     import ctypes
-    import platform
     import struct
 
     buf = ctypes.create_string_buffer(frame, len(frame))
-    attr = ctypes.create_string_buffer(struct.pack("=IIIIQQII", fd, 0, len(frame), 0, ctypes.addressof(buf), 0, 1, 0),
-                                       128)
-    libc = ctypes.CDLL(None, use_errno=True)
-    rc = libc.syscall(ctypes.c_long(bpfasm.SYS_BPF[platform.machine()]), ctypes.c_long(10), attr, ctypes.c_long(128))
-    assert rc == 0, os.strerror(ctypes.get_errno())
-    return struct.unpack_from("=I", attr.raw, 4)[0]
+    rc, err, out = bpfasm.bpf_syscall(10, struct.pack("=IIIIQQII", fd, 0, len(frame), 0, ctypes.addressof(buf), 0, 1, 0))
+    assert rc == 0, os.strerror(err)
+    return struct.unpack_from("=I", out, 4)[0]
 
 
 def test_kernel_runs_the_xdp_drop_program_as_specified():

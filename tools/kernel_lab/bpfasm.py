@@ -90,15 +90,23 @@ def xdp_random_drop_program(one_in: int) -> bytes:
     ])  # fmt: skip
 
 
+def bpf_syscall(cmd: int, attr: bytes) -> tuple[int, int, bytes]:
+    """bpf(2) with ``attr`` as the start of a zeroed 128-byte union bpf_attr: (return value, errno, the union as
+    the kernel left it, for commands that write results into it)."""
+    nr = SYS_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(f"bpf(2) syscall number unknown for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    abuf = ctypes.create_string_buffer(attr, 128)  # the rest of union bpf_attr stays zero
+    rc = libc.syscall(ctypes.c_long(nr), ctypes.c_long(cmd), abuf, ctypes.c_long(len(abuf)))
+    return rc, ctypes.get_errno() if rc < 0 else 0, abuf.raw
+
+
 def bpf_prog_load(insns: bytes, name: str, prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> int:
     """BPF_PROG_LOAD a program (SCHED_CLS unless ``prog_type``) through the raw bpf(2) syscall; return its fd.
 
     OSError (with the verifier's log) when the kernel refuses the program.
     """
-    nr = SYS_BPF.get(platform.machine())
-    if nr is None:
-        raise OSError(f"bpf(2) syscall number unknown for {platform.machine()}")
-    libc = ctypes.CDLL(None, use_errno=True)
     ibuf = ctypes.create_string_buffer(insns, len(insns))
     lic = ctypes.create_string_buffer(b"GPL")
     log = ctypes.create_string_buffer(1 << 16)
@@ -106,10 +114,8 @@ def bpf_prog_load(insns: bytes, name: str, prog_type: int = BPF_PROG_TYPE_SCHED_
         "=IIQQIIQII16s", prog_type, len(insns) // 8, ctypes.addressof(ibuf),
         ctypes.addressof(lic), 1, len(log), ctypes.addressof(log), 0, 0, name.encode()[:15],
     )  # fmt: skip
-    abuf = ctypes.create_string_buffer(attr, 128)  # the rest of union bpf_attr stays zero
-    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_long(BPF_PROG_LOAD), abuf, ctypes.c_long(len(abuf)))
+    fd, err, _ = bpf_syscall(BPF_PROG_LOAD, attr)
     if fd < 0:
-        err = ctypes.get_errno()
         raise OSError(err, f"BPF_PROG_LOAD {name}: {os.strerror(err)}: {log.value.decode(errors='replace')}")
     return fd
 
