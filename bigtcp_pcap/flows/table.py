@@ -717,6 +717,55 @@ def format_addresses(ver, A, out, offs):
         offs[i + 1] = p
 
 
+@njit(cache=True, inline="always")
+def _address_index(TAB, U, u, v, w0, w1):
+    """Index of address (v, w0, w1) among the distinct ones in U (added as index ``u`` when new)."""
+    m = TAB.shape[0] - 1
+    j = np.int64(_fmix(_fmix(_fmix(_SEED, v), w0), w1) & np.uint64(m))
+    while True:
+        e = TAB[j]
+        if e < 0:
+            TAB[j] = u
+            U[u, 0], U[u, 1], U[u, 2] = v, w0, w1
+            return u
+        if U[e, 1] == w0 and U[e, 2] == w1 and U[e, 0] == v:
+            return e
+        j = (j + 1) & m
+
+
+@njit(cache=True, entry=True,
+      sig="i64[::1], u64[::1], i64[::1], u64[:, ::1], i64[::1], i32[::1], i32[::1], u64[:, ::1]")
+def address_rows(fids, FK, FV, KY, TAB, SI, DI, U):
+    """Per row, its flow's source and destination address as an index into the distinct addresses of the rows
+    (U: version, two words; first appearance first), -1 where the flow is not in memory. TAB: scratch, a power
+    of two >= 4 rows. Returns how many distinct addresses U holds. One pass, no sort (``row_addresses``)."""
+    TAB[:] = -1
+    u = np.int64(0)
+    pf = np.int64(-1)
+    ps = pd = np.int32(-1)
+    for i in range(fids.shape[0]):
+        f = fids[i]
+        if f != pf or i == 0:
+            pf = f
+            ps = pd = np.int32(-1)
+            if f >= 0:
+                fk = np.uint64(f)
+                j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+                if j >= 0:
+                    s = FV[j]
+                    v = KY[s, 0] >> np.uint64(32)
+                    a = _address_index(TAB, U, u, v, KY[s, 1], KY[s, 2])
+                    if a == u:
+                        u += 1
+                    b = _address_index(TAB, U, u, v, KY[s, 3], KY[s, 4])
+                    if b == u:
+                        u += 1
+                    ps, pd = np.int32(a), np.int32(b)
+        SI[i] = ps
+        DI[i] = pd
+    return u
+
+
 def address_strings(ver: np.ndarray, words: np.ndarray) -> pa.Array:
     """Arrow string array of addresses from versions and (n, 2) uint64 address words (the decoder's bytes)."""
     n = int(ver.shape[0])
@@ -906,6 +955,19 @@ class FlowTable:
         """(ip_version, src words, dst words, known) per flow id of flows still in memory."""
         ky, known = self._key_rows(flow_id)
         return (ky[:, 0] >> np.uint64(32)).astype(np.int64), ky[:, 1:3], ky[:, 3:5], known
+
+    def row_addresses(self, flow_id: np.ndarray) -> tuple[pa.DictionaryArray, pa.DictionaryArray]:
+        """Source and destination address per row (flow id) as dictionary columns: each distinct address of the
+        rows written once as text, an int32 index per row; null where the flow is not in memory (or the id is
+        -1). For per-row tables (superpackets, egress); the flows must still be in memory."""
+        fids = np.ascontiguousarray(flow_id, np.int64)
+        n = fids.shape[0]
+        si, di = np.empty(n, np.int32), np.empty(n, np.int32)
+        u_rows = np.empty((2 * n, 3), np.uint64)
+        tab = np.empty(1 << max(4, (4 * n).bit_length()), np.int64)
+        u = int(address_rows(fids, self.FK, self.FV, self.KY, tab, si, di, u_rows))
+        text = address_strings(u_rows[:u, 0].astype(np.int64), u_rows[:u, 1:3])
+        return tuple(pa.DictionaryArray.from_arrays(array(x, pa.int32(), x < 0), text) for x in (si, di))
 
     def keys(self, flow_id: np.ndarray) -> list[tuple[str, str, int, int, int] | None]:
         """(src, dst, sport, dport, ip_version) per flow id of flows still in memory (None for the others); for

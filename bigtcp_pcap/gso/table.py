@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow as pa
 
 from ..decode.schema import BIGTCP_NAMES
 from ..output import arrow as A
 from ..output.parquet import BIGTCP_TYPE, TS_TYPE
-from ..output.superpackets import address_dictionary
 from .engine import ACTION_NAMES, REASON_NAMES, EgressBatch
 
 ADDR_TYPE = pa.dictionary(pa.int32(), pa.string())  # one string per flow in the batch, not per row
@@ -29,25 +27,13 @@ the capture does not hold, passed as it is)."""
 
 def egress_columns(eb: EgressBatch, flows) -> dict:
     """Columns for EGRESS_SCHEMA; addresses come from the flow table as dictionary columns whose values are the
-    batch's distinct addresses (the same helper as superpackets.parquet). The batch's distinct flows are found
-    with a bincount, not a sort: the rows are many (an exploded skb is dozens), the flows few."""
+    batch's distinct addresses (``FlowTable.row_addresses``, as in superpackets.parquet)."""
     fid = eb.flow_id
     no_l4 = fid < 0
-    present = np.flatnonzero(np.bincount(fid[~no_l4], minlength=len(flows))) if (~no_l4).any() else \
-        np.zeros(0, np.int64)
-    uniq = np.append(present, -1)  # the last entry stands for the rows without L4 (null addresses)
-    slot = np.full(len(flows) + 1, present.shape[0], np.int64)
-    slot[present] = np.arange(present.shape[0])
-    inv = slot[np.where(no_l4, len(flows), fid)]
-    ver, src, dst, known = flows.addresses(uniq)
-    known &= uniq >= 0
-
-    def addr(words: np.ndarray) -> pa.DictionaryArray:
-        return address_dictionary(ver, words, known, inv)
-
+    src, dst = flows.row_addresses(fid)
     return {
         "source_frame": eb.source_frame, "out_index": eb.out_index, "ts_ns": eb.ts_ns.view("datetime64[ns]"),
-        "flow_id": (fid, no_l4), "src": addr(src), "dst": addr(dst), "ip_version": eb.ip_version,
+        "flow_id": (fid, no_l4), "src": src, "dst": dst, "ip_version": eb.ip_version,
         "sport": (eb.sport, no_l4), "dport": (eb.dport, no_l4), "seq": (eb.seq, no_l4),
         "payload_len": eb.payload_len, "l3_len": eb.l3_len, "frame_len": eb.frame_len, "gso_segs": eb.gso_segs,
         "gso_size": eb.gso_size, "action": A.dictionary(eb.action, ACTION_NAMES),

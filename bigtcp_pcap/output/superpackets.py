@@ -6,7 +6,6 @@ import numpy as np
 import pyarrow as pa
 
 from ..decode.schema import BIGTCP_NAMES
-from ..flows.table import address_strings
 from ..gro.reasons import POLL_END_NAMES
 from . import arrow as A
 from .parquet import BIGTCP_TYPE, TS_TYPE
@@ -24,33 +23,15 @@ SUPERPACKETS_SCHEMA = pa.schema([
 SOURCE_NAMES = ("rebuilt", "observed")
 
 
-def address_dictionary(ver: np.ndarray, words: np.ndarray, known: np.ndarray, inv: np.ndarray) -> pa.Array:
-    """Dictionary column: the distinct addresses of the distinct flows as text, an int32 index per row."""
-    v = np.where(known, ver, 0).astype(np.uint64)
-    order = np.lexsort((words[:, 1], words[:, 0], v))  # exact distinct (version, address): sorted, then runs
-    sv, sw = v[order], words[order]
-    start = np.ones(order.shape[0], bool)
-    start[1:] = (sv[1:] != sv[:-1]) | (sw[1:, 0] != sw[:-1, 0]) | (sw[1:, 1] != sw[:-1, 1])
-    uinv = np.empty(order.shape[0], np.int64)
-    uinv[order] = np.cumsum(start) - 1
-    text = address_strings(sv[start].astype(np.int64), sw[start])
-    idx = uinv[inv].astype(np.int32)
-    return pa.DictionaryArray.from_arrays(A.array(idx, pa.int32(), ~known[inv]), text)
-
-
 def superpackets_columns(spb, flows, receivers: list[str] | None = None) -> dict:
     """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table (the rows'
     flows must still be in memory: the flow table keeps a flow until its GRO rows are out), receiver names from
     ``receivers`` (gro.receivers.Receivers.labels; index = the row's receiver)."""
     fid = np.asarray(spb.flow_id)
-    uniq, inv = np.unique(fid, return_inverse=True)
-    inv = inv.ravel()
-    ver, src, dst, known = flows.addresses(uniq)
+    src, dst = flows.row_addresses(fid)
     names = spb.reason_names
     return {
-        "flow_id": fid,
-        "src": address_dictionary(ver, src, known, inv),
-        "dst": address_dictionary(ver, dst, known, inv),
+        "flow_id": fid, "src": src, "dst": dst,
         "sport": spb.sport, "dport": spb.dport, "seq_first": spb.seq_first, "payload_len": spb.payload_len,
         "n_segments": spb.n_segments, "l3_len": spb.l3_len, "frame_len": spb.frame_len,
         "bigtcp": A.dictionary(spb.bigtcp, BIGTCP_NAMES),

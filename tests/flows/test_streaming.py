@@ -46,6 +46,25 @@ def test_address_text_equals_ipaddress():
     assert got == want
 
 
+def test_row_addresses_are_each_packets_own_addresses(many_flows):
+    """The per-row dictionary columns (superpackets, egress) against each packet's own address bytes written by
+    ``ipaddress``; rows without a flow, or whose flow is not in memory, are null."""
+    ft, checked = FlowTable(), 0
+    for pb, _ in iter_batches(many_flows, batch_size=3000):
+        fid = ft.assign(pb)
+        rows = np.concatenate([fid, [-1, 10**9]])  # no flow; a flow id never given
+        src, dst = ft.row_addresses(rows)
+        assert len(src.dictionary) <= 2 * len(np.unique(fid[fid >= 0]))  # each distinct address written once
+        for col, raw in ((src, pb.src), (dst, pb.dst)):
+            got = col.to_pylist()
+            want = [None if f < 0 else str(ipaddress.IPv4Address(bytes(a[:4])) if v == 4
+                                            else ipaddress.IPv6Address(bytes(a)))
+                    for f, v, a in zip(fid.tolist(), pb.ip_version.tolist(), raw, strict=True)]
+            assert got == want + [None, None]
+        checked += int((fid >= 0).sum())
+    assert checked > 10000
+
+
 def test_ended_flows_are_streamed_with_the_values_of_a_run_without_timeouts(many_flows, tmp_path):
     # the generator never reuses a 5-tuple, so ending flows early must not change a value, only the memory
     short = analyze(many_flows, outdir=tmp_path / "a", flow_close_timeout_s=0.05, audit=False)
