@@ -550,11 +550,13 @@ class _Stats:
     def add_superpackets(self, spb) -> None:
         self.sp_rows += len(spb)
         names = spb.reason_names
-        for c, k in zip(*np.unique(spb.flush_reason, return_counts=True)):
-            self.sp_reasons[names[int(c)]] += int(k)
+        for c, k in enumerate(np.bincount(spb.flush_reason).tolist()):  # (counts, not a sort: codes are small)
+            if k:
+                self.sp_reasons[names[c]] += k
         self.poll_ends += np.bincount(spb.poll_end, minlength=len(POLL_END_NAMES))[:len(POLL_END_NAMES)]
-        for r, k in zip(*np.unique(spb.receiver, return_counts=True)):
-            self.receiver_rows[int(r)] += int(k)
+        for r, k in enumerate(np.bincount(spb.receiver).tolist()):  # (receiver indices: 0 .. receivers - 1)
+            if k:
+                self.receiver_rows[r] += k
 
     def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, cfg: GroConfig,
                 receivers: list[str], late_segments: int = 0, lost_segments: int = 0) -> dict:
