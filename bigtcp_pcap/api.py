@@ -269,11 +269,12 @@ class _Run:
         # converted while their flows are in memory (the table buffers them into row groups)
         if len(rows):
             D.label_observed(rows)  # one aggregated input packet: reason "observed", not the flush that sent it
-            self.flows.add_superpackets(rows.flow_id, rows.payload_len, rows.poll_end)
+            slots = self.flows.slots(rows.flow_id)  # (the rows' flows, looked up once for both uses)
+            self.flows.add_superpackets(rows.flow_id, rows.payload_len, rows.poll_end, slots=slots)
             self.stats.add_superpackets(rows)
             self.tally.add(rows)
             if not self.sink_sp.failed:
-                self.sink_sp.write_columns(superpackets_columns(rows, self.flows, self.gro_stage.labels))
+                self.sink_sp.write_columns(superpackets_columns(rows, self.flows, self.gro_stage.labels, slots))
 
     def emit_flows(self, cols) -> None:
         if cols is not None:

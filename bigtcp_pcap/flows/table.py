@@ -440,36 +440,39 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
 
 
 @njit(cache=True, entry=True,
-      sig=("i64[::1], i64[::1], u8[::1], i64[:, ::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], "
-          "i64[::1], i64[::1]"))
-def superpackets_kernel(fids, lens, cut, F, FK, FV, HK, HV, EL, EC, EN, ST):
-    """Add rebuilt super-packet lengths to their flows' histograms, and count the rows whose end was an evidenced
-    (cut 1) or a guessed (cut 2) NAPI poll end (the caller guarantees room)."""
-    for i in range(fids.shape[0]):
-        if fids[i] < 0:
+      sig="i64[::1], i64[::1], u8[::1], i64[:, ::1], u64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1]")
+def superpackets_kernel(slots, lens, cut, F, HK, HV, EL, EC, EN, ST):
+    """Add rebuilt super-packet lengths to their flows' histograms (rows whose flow is in slot ``slots[i]``; -1:
+    not in memory, skipped), and count the rows whose end was an evidenced (cut 1) or a guessed (cut 2) NAPI
+    poll end (the caller guarantees room)."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if s < 0:
             continue
-        fk = np.uint64(fids[i])
-        j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
-        if j < 0:
-            continue
-        _hist_add(F, FV[j], 1, np.int64(lens[i]), 1, F_SHEAD, F_SLAST, HK, HV, EL, EC, EN, ST)
+        _hist_add(F, s, 1, np.int64(lens[i]), 1, F_SHEAD, F_SLAST, HK, HV, EL, EC, EN, ST)
         if cut[i] == 1:
-            F[FV[j], F_CUT_EV] += 1
+            F[s, F_CUT_EV] += 1
         elif cut[i] == 2:
-            F[FV[j], F_CUT_GU] += 1
+            F[s, F_CUT_GU] += 1
 
 
 @njit(cache=True, entry=True,
       sig="i64[::1], u64[::1], i64[::1], i64[::1]")
 def slots_kernel(fids, FK, FV, out):
-    """Slot of each flow id (-1: not in memory)."""
+    """Slot of each flow id (-1: not in memory); a run of one id is looked up once."""
+    pf = np.int64(-1)
+    ps = np.int64(-1)
     for i in range(fids.shape[0]):
-        out[i] = -1
-        if fids[i] >= 0:
-            fk = np.uint64(fids[i])
-            j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
-            if j >= 0:
-                out[i] = FV[j]
+        f = fids[i]
+        if f != pf or i == 0:
+            pf = f
+            ps = -1
+            if f >= 0:
+                fk = np.uint64(f)
+                j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
+                if j >= 0:
+                    ps = FV[j]
+        out[i] = ps
 
 
 @njit(cache=True, inline="always")
@@ -733,34 +736,30 @@ def _address_index(TAB, U, u, v, w0, w1):
         j = (j + 1) & m
 
 
-@njit(cache=True, entry=True,
-      sig="i64[::1], u64[::1], i64[::1], u64[:, ::1], i64[::1], i32[::1], i32[::1], u64[:, ::1]")
-def address_rows(fids, FK, FV, KY, TAB, SI, DI, U):
-    """Per row, its flow's source and destination address as an index into the distinct addresses of the rows
-    (U: version, two words; first appearance first), -1 where the flow is not in memory. TAB: scratch, a power
-    of two >= 4 rows. Returns how many distinct addresses U holds. One pass, no sort (``row_addresses``)."""
+@njit(cache=True, entry=True, sig="i64[::1], u64[:, ::1], i64[::1], i32[::1], i32[::1], u64[:, ::1]")
+def address_rows(slots, KY, TAB, SI, DI, U):
+    """Per row, its flow's source and destination address (the flow in slot ``slots[i]``; -1: not in memory) as
+    an index into the distinct addresses of the rows (U: version, two words; first appearance first), -1 where
+    the flow is not in memory. TAB: scratch, a power of two >= 4 rows. Returns how many distinct addresses U
+    holds. One pass, no sort (``row_addresses``)."""
     TAB[:] = -1
     u = np.int64(0)
-    pf = np.int64(-1)
+    pslot = np.int64(-1)
     ps = pd = np.int32(-1)
-    for i in range(fids.shape[0]):
-        f = fids[i]
-        if f != pf or i == 0:
-            pf = f
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if s != pslot or i == 0:
+            pslot = s
             ps = pd = np.int32(-1)
-            if f >= 0:
-                fk = np.uint64(f)
-                j = _hm_find(FK, FV, fk, _fmix(_SEED, fk))
-                if j >= 0:
-                    s = FV[j]
-                    v = KY[s, 0] >> np.uint64(32)
-                    a = _address_index(TAB, U, u, v, KY[s, 1], KY[s, 2])
-                    if a == u:
-                        u += 1
-                    b = _address_index(TAB, U, u, v, KY[s, 3], KY[s, 4])
-                    if b == u:
-                        u += 1
-                    ps, pd = np.int32(a), np.int32(b)
+            if s >= 0:
+                v = KY[s, 0] >> np.uint64(32)
+                a = _address_index(TAB, U, u, v, KY[s, 1], KY[s, 2])
+                if a == u:
+                    u += 1
+                b = _address_index(TAB, U, u, v, KY[s, 3], KY[s, 4])
+                if b == u:
+                    u += 1
+                ps, pd = np.int32(a), np.int32(b)
         SI[i] = ps
         DI[i] = pd
     return u
@@ -922,20 +921,23 @@ class FlowTable:
         self.__init__(self.idle_timeout_ns, self.close_timeout_ns)
         self.ST[S_NEXT_ID] = seen
 
-    def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray, poll_end: np.ndarray | None = None) -> None:
+    def add_superpackets(self, flow_id: np.ndarray, payload_len: np.ndarray, poll_end: np.ndarray | None = None,
+                         slots: np.ndarray | None = None) -> None:
         """Count rebuilt super-packets (GRO rows) toward their flows' super-packet columns; ``poll_end`` (the rows'
-        codes, gro/reasons.py) counts those whose end was an evidenced or a guessed poll end."""
+        codes, gro/reasons.py) counts those whose end was an evidenced or a guessed poll end. ``slots``: the rows'
+        ``slots(flow_id)``, when the caller has them already."""
         from ..gro.reasons import POLL_END_CUT  # (the gro package imports this module)
 
-        fids = np.ascontiguousarray(flow_id, np.int64)
+        slots = self.slots(flow_id) if slots is None else slots
         cut = (POLL_END_CUT[np.asarray(poll_end, np.intp)] if poll_end is not None
-               else np.zeros(fids.shape[0], np.uint8))
-        self._reserve(0, fids.shape[0])
-        superpackets_kernel(fids, np.ascontiguousarray(payload_len, np.int64), np.ascontiguousarray(cut, np.uint8),
-                            self.F, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC, self.EN, self.ST)
+               else np.zeros(slots.shape[0], np.uint8))
+        self._reserve(0, slots.shape[0])
+        superpackets_kernel(slots, np.ascontiguousarray(payload_len, np.int64), np.ascontiguousarray(cut, np.uint8),
+                            self.F, self.HK, self.HV, self.EL, self.EC, self.EN, self.ST)
 
-    def _slots(self, flow_id: np.ndarray) -> np.ndarray:
-        """Slot per flow id of flows still in memory, -1 for the others."""
+    def slots(self, flow_id: np.ndarray) -> np.ndarray:
+        """Slot per flow id of flows still in memory, -1 for the others (valid until the next ``assign`` or
+        ``expire``): what ``add_superpackets`` and ``row_addresses`` read, looked up once for both."""
         fids = np.ascontiguousarray(flow_id, np.int64)
         slots = np.empty(fids.shape[0], np.int64)
         slots_kernel(fids, self.FK, self.FV, slots)
@@ -943,11 +945,11 @@ class FlowTable:
 
     def in_memory(self, flow_id: np.ndarray) -> np.ndarray:
         """Per flow id: is the flow still in memory (alive, or ended with its row not yet written)?"""
-        return self._slots(flow_id) >= 0
+        return self.slots(flow_id) >= 0
 
     def _key_rows(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(KY rows, known) per flow id: the key words of flows still in memory (row 0's for the others)."""
-        slots = self._slots(flow_id)
+        slots = self.slots(flow_id)
         known = slots >= 0
         return self.KY[np.where(known, slots, 0)], known
 
@@ -956,16 +958,18 @@ class FlowTable:
         ky, known = self._key_rows(flow_id)
         return (ky[:, 0] >> np.uint64(32)).astype(np.int64), ky[:, 1:3], ky[:, 3:5], known
 
-    def row_addresses(self, flow_id: np.ndarray) -> tuple[pa.DictionaryArray, pa.DictionaryArray]:
+    def row_addresses(self, flow_id: np.ndarray, slots: np.ndarray | None = None
+                      ) -> tuple[pa.DictionaryArray, pa.DictionaryArray]:
         """Source and destination address per row (flow id) as dictionary columns: each distinct address of the
         rows written once as text, an int32 index per row; null where the flow is not in memory (or the id is
-        -1). For per-row tables (superpackets, egress); the flows must still be in memory."""
-        fids = np.ascontiguousarray(flow_id, np.int64)
-        n = fids.shape[0]
+        -1). For per-row tables (superpackets, egress); the flows must still be in memory. ``slots``: the rows'
+        ``slots(flow_id)``, when the caller has them already."""
+        slots = self.slots(flow_id) if slots is None else slots
+        n = slots.shape[0]
         si, di = np.empty(n, np.int32), np.empty(n, np.int32)
         u_rows = np.empty((2 * n, 3), np.uint64)
         tab = np.empty(1 << max(4, (4 * n).bit_length()), np.int64)
-        u = int(address_rows(fids, self.FK, self.FV, self.KY, tab, si, di, u_rows))
+        u = int(address_rows(slots, self.KY, tab, si, di, u_rows))
         text = address_strings(u_rows[:u, 0].astype(np.int64), u_rows[:u, 1:3])
         return tuple(pa.DictionaryArray.from_arrays(array(x, pa.int32(), x < 0), text) for x in (si, di))
 

@@ -23,12 +23,13 @@ SUPERPACKETS_SCHEMA = pa.schema([
 SOURCE_NAMES = ("rebuilt", "observed")
 
 
-def superpackets_columns(spb, flows, receivers: list[str] | None = None) -> dict:
+def superpackets_columns(spb, flows, receivers: list[str] | None = None, slots: np.ndarray | None = None) -> dict:
     """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table (the rows'
-    flows must still be in memory: the flow table keeps a flow until its GRO rows are out), receiver names from
-    ``receivers`` (gro.receivers.Receivers.labels; index = the row's receiver)."""
+    flows must still be in memory: the flow table keeps a flow until its GRO rows are out; ``slots``: their
+    ``FlowTable.slots`` when the caller has them), receiver names from ``receivers``
+    (gro.receivers.Receivers.labels; index = the row's receiver)."""
     fid = np.asarray(spb.flow_id)
-    src, dst = flows.row_addresses(fid)
+    src, dst = flows.row_addresses(fid, slots)
     names = spb.reason_names
     return {
         "flow_id": fid, "src": src, "dst": dst,
