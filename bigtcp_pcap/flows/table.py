@@ -464,7 +464,7 @@ def slots_kernel(fids, FK, FV, out):
     ps = np.int64(-1)
     for i in range(fids.shape[0]):
         f = fids[i]
-        if f != pf or i == 0:
+        if f != pf:  # (the start values are the answer for id -1)
             pf = f
             ps = -1
             if f >= 0:
@@ -748,7 +748,7 @@ def address_rows(slots, KY, TAB, SI, DI, U):
     ps = pd = np.int32(-1)
     for i in range(slots.shape[0]):
         s = slots[i]
-        if s != pslot or i == 0:
+        if s != pslot:  # (the start values are the answer for slot -1)
             pslot = s
             ps = pd = np.int32(-1)
             if s >= 0:
@@ -952,11 +952,6 @@ class FlowTable:
         slots = self.slots(flow_id)
         known = slots >= 0
         return self.KY[np.where(known, slots, 0)], known
-
-    def addresses(self, flow_id: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(ip_version, src words, dst words, known) per flow id of flows still in memory."""
-        ky, known = self._key_rows(flow_id)
-        return (ky[:, 0] >> np.uint64(32)).astype(np.int64), ky[:, 1:3], ky[:, 3:5], known
 
     def row_addresses(self, flow_id: np.ndarray, slots: np.ndarray | None = None
                       ) -> tuple[pa.DictionaryArray, pa.DictionaryArray]:

@@ -7,13 +7,12 @@ import pyarrow as pa
 from ..decode.schema import BIGTCP_NAMES
 from ..output import arrow as A
 from ..output.parquet import BIGTCP_TYPE, TS_TYPE
+from ..output.superpackets import ADDRESS_TYPE
 from .engine import ACTION_NAMES, REASON_NAMES, EgressBatch
-
-ADDR_TYPE = pa.dictionary(pa.int32(), pa.string())  # one string per flow in the batch, not per row
 
 EGRESS_SCHEMA = pa.schema([
     ("source_frame", pa.uint64()), ("out_index", pa.uint32()), ("ts_ns", TS_TYPE), ("flow_id", pa.int64()),
-    ("src", ADDR_TYPE), ("dst", ADDR_TYPE), ("ip_version", pa.uint8()), ("sport", pa.uint16()),
+    ("src", ADDRESS_TYPE), ("dst", ADDRESS_TYPE), ("ip_version", pa.uint8()), ("sport", pa.uint16()),
     ("dport", pa.uint16()), ("seq", pa.uint32()), ("payload_len", pa.uint32()), ("l3_len", pa.uint32()),
     ("frame_len", pa.uint32()), ("gso_segs", pa.uint32()), ("gso_size", pa.uint32()), ("action", BIGTCP_TYPE),
     ("reason", BIGTCP_TYPE), ("ip_id", pa.uint16()), ("tcp_flags", pa.uint16()), ("bigtcp", BIGTCP_TYPE),
