@@ -45,6 +45,8 @@ def table_digest(path: Path) -> str:
                 t = t.set_column(i, name, t.column(i).cast(pa.string()))
     if path.name == "flows.parquet":  # rows are streamed as flows end: digest them in flow_id order
         t = t.sort_by("flow_id")
+    if path.name == "filter_audit.parquet":  # digested in (frame, filter) order, the order rows are written in aside
+        t = t.sort_by([("frame", "ascending"), ("filter", "ascending")])
     t = pa.Table.from_arrays(t.columns, schema=pa.schema([f.remove_metadata() for f in t.schema]))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, t.schema) as w:
