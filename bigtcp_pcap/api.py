@@ -34,7 +34,6 @@ from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
 from .output import parquet as P
-from .output.audit import audit_rows
 from .output.report import write_summary
 from .output.superpackets import superpackets_columns
 from .output.tables import BY_NAME, TABLES
@@ -226,8 +225,6 @@ class _Run:
             except OutputError:
                 self.reader.src.close()
                 raise
-        # the per-frame audit rows beyond what is kept in memory go to the output directory
-        self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port, spill_dir=self.out)
         self.flows = FlowTable(idle_timeout_ns=idle_ns, close_timeout_ns=close_ns)
         self.flow_params = {"idle_timeout_s": idle, "close_timeout_s": close}
         self.flow_sum = _FlowSummary()
@@ -247,6 +244,7 @@ class _Run:
             self.sink_findings = self.open_sink("findings")
             self.sink_sp = self.open_sink("superpackets")
             self.sink_flows = self.open_sink("flows")
+            self.sink_audit = self.open_sink("filter_audit")  # always written, empty when clean
             self.sink_merge = self.sink_flow_state = None
             if flow_state:  # a part of a split run: what the merge needs of every packet and flow (merge.py)
                 self.sink_merge = P.TableSink(self.out / "merge_rows.parquet", P.MERGE_ROWS_SCHEMA, background=True)
@@ -255,6 +253,14 @@ class _Run:
         except BaseException:
             self.abort()
             raise
+        # the audits' rows go to filter_audit.parquet batch by batch; those held (an expression libpcap has not
+        # compiled for any link type yet) wait in the output directory
+        self.audits = FilterAudits(filters, enabled=audit, default_port=default_audit_port, spill_dir=self.out,
+                                   write=self.write_audit_rows)
+
+    def write_audit_rows(self, table) -> None:
+        if not self.sink_audit.failed:
+            self.sink_audit.write(table)
 
     def tally_keeps(self, flow_id: np.ndarray) -> np.ndarray:
         """The diagnosis keeps a flow's counts while the flow is in memory or among the top flows."""
@@ -348,10 +354,6 @@ class _Run:
         # a part of a split run reports every expression's counts (the merge adds them up, then leaves out the
         # default audit's clean ones as this does)
         self.audit_results = self.audits.finish(report_all=self.part)
-        sink_audit = self.open_sink("filter_audit")  # always written, empty when clean
-        for r in self.audit_results:
-            for t in audit_rows(r):
-                sink_audit.write(t)
 
     def abort(self) -> None:
         for sink in self.sinks.values():

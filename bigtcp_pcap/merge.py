@@ -279,13 +279,14 @@ def merge_parts(parts: list[Part], dirs: list[Path], summaries: list[dict], out:
             fd_to.write_columns({"frame": [0], "code": [SUSPECT.code], "severity": [SUSPECT.severity],
                                  "message": [msg]})
 
-        # filter audit: rows of each expression in the order the serial run writes them (expression, then frame)
+        # filter audit: the parts' rows one after the other are in the order the serial run writes them (frame,
+        # then expression: output/audit.py), of the expressions the first part audited
         if any((d / "filter_audit.parquet").exists() for d in dirs):
             au_to = sink("filter_audit")
-            for expr in summaries[0]["filter_audit"]["audited"]:
-                for d, o in zip(dirs, offs, strict=True):
-                    for t in _batches(d, "filter_audit", o, None, ["frame"]):
-                        au_to.write(t.filter(pc.equal(pc.cast(t.column("filter"), pa.string()), expr)))
+            audited = pa.array(summaries[0]["filter_audit"]["audited"], pa.string())
+            for d, o in zip(dirs, offs, strict=True):
+                for t in _batches(d, "filter_audit", o, None, ["frame"]):
+                    au_to.write(t.filter(pc.is_in(pc.cast(t.column("filter"), pa.string()), value_set=audited)))
         diag = _diagnosis(parts, dirs, maps, flows, summaries, gro, gro_engine, flow_timeouts_s)
         for sk in sinks.values():
             sk.close(meta)

@@ -42,7 +42,7 @@ import json, sys
 from pathlib import Path
 from bigtcp_pcap import analyze, _native
 from bigtcp_pcap.audit import cbpf
-cbpf.FilterAudit.SPILL_ROWS = 5  # the audit's spill to disk (and its reading back) runs too, and imports no pandas
+cbpf.FilterAudit.SPILL_ROWS = 5  # (analyze writes the audit rows as it goes; a spill would run too, importing no pandas)
 out = Path(sys.argv[1])
 for i, cap in enumerate(sys.argv[2:]):
     a = analyze(cap, outdir=out / str(i), packets=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -413,13 +413,16 @@ class FilterAudit:
 
     def __init__(self, expr: str, snaplen: int = DEFAULT_SNAPLEN, suggest: bool = True,
                  candidates_only: bool = False, spill: bool = False, spill_dir: str | os.PathLike | None = None,
-                 flows: bool = True):
+                 flows: bool = True, emit: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None):
         """``spill``: keep at most ``SPILL_ROWS`` per-frame rows in memory and write the others to an unnamed
         temporary file in ``spill_dir`` (None: the system's temporary directory; ``AuditResult.chunks`` reads
-        them back), so memory does not grow with the capture (``analyze`` spills into its output directory).
+        them back), so memory does not grow with the capture (``analyze`` hands its rows on instead: ``emit``).
         ``flows``: tally the affected flows (``AuditResult.flows``, which ``audit-filter`` prints); ``analyze``
-        reports none, and the tally is one entry per affected flow for the whole run."""
+        reports none, and the tally is one entry per affected flow for the whole run. ``emit``: hand each batch's
+        per-frame rows (frame, verdict, reason; the frames whose verdict is not ok) to ``emit`` instead of keeping
+        them (``analyze`` writes them to filter_audit.parquet as it goes: ``AuditResult`` then has none)."""
         load_libpcap()
+        self._emit = emit
         self.expr = expr
         self._spill_on, self._spill_dir = spill, spill_dir
         self._spill: _Spill | None = None
@@ -596,6 +599,10 @@ class FilterAudit:
             return
         keep = keep[:k]
         kv = verdict[keep]
+        if self._emit is not None:
+            self._emit(np.asarray(pb.frame)[keep].astype(np.uint64), kv, reason[keep])
+            self._tally_batch(b, keep, kv, verdict, st)
+            return
         self._frames.append(np.asarray(pb.frame)[keep].astype(np.uint64))
         self._verdict.append(kv)
         self._reason.append(reason[keep])
@@ -608,9 +615,20 @@ class FilterAudit:
             self._spill.write(self._joined_rows())
             self._frames, self._verdict, self._reason, self._raw, self._truth = [], [], [], [], []
             self._kept = 0
+        self._tally_batch(b, keep, kv, verdict, st)
+
+    def _tally_batch(self, b: PreparedBatch, keep: np.ndarray, kv: np.ndarray, verdict: np.ndarray,
+                     st: np.ndarray) -> None:
         if self._tally is not None and (st[J.S_MISSED] or st[J.S_FALSE]):
             bad = keep[(kv == MISSED) | (kv == FALSE_MATCH)]
-            self._tally.add(pb, bad, b.flow_groups(), missed=verdict == MISSED, false_matches=verdict == FALSE_MATCH)
+            self._tally.add(b.pb, bad, b.flow_groups(), missed=verdict == MISSED,
+                            false_matches=verdict == FALSE_MATCH)
+
+    @property
+    def compiled(self) -> bool:
+        """libpcap compiled the expression for a link type met so far (every row before that is of a link type
+        that rejects it)."""
+        return self._compiled_any
 
     def result(self) -> AuditResult:
         """The audit so far. With no frames at all, the expression is still compiled (for Ethernet), so that a

@@ -11,11 +11,15 @@ on the others and the rest is counted as not audited.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import pyarrow as pa
 
 from ..decode.schema import PacketBatch
 from ..errors import UsageError
-from .cbpf import FilterAudit, prepare_batch
+from ..output.audit import merged_rows
+from .cbpf import FilterAudit, _Spill, prepare_batch
 from .libpcap import FilterError, LibpcapMissing
 
 
@@ -33,12 +37,19 @@ class FilterAudits:
     """The filter audits of one ``analyze`` run: started on the first batch, fed every batch, finished once."""
 
     def __init__(self, filters: list[str] | None, enabled: bool = True, default_port: int | None = None,
-                 spill_dir=None):
+                 spill_dir=None, write: Callable[[pa.Table], None] | None = None):
         """``default_port``: the default audit's ``tcp port P`` chosen elsewhere (a split run's parts take the
         whole capture's first batch's; -1: none), instead of from this run's first batch. ``spill_dir``: where
         the audits write the per-frame rows they do not keep in memory (``FilterAudit(spill=True)``; None: the
-        system's temporary directory)."""
+        system's temporary directory). ``write``: where each batch's rows of filter_audit.parquet go as the
+        batch is audited (``output.audit.merged_rows``); the audits then keep none. The rows of an expression
+        libpcap has rejected for every link type met so far wait in a spill file until it compiles for one
+        (then they are written, before that batch's), and are dropped when it never does: such an expression is
+        not reported (the default audit) or ends the run (``finish``)."""
         self.spill_dir = spill_dir
+        self._write = write
+        self._batch: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # this batch's rows, per audit
+        self._held: dict[int, _Spill] = {}  # audit index -> its rows from before it compiled anywhere
         self.explicit = filters is not None
         self.default_port = default_port
         self.exprs = list(dict.fromkeys(filters)) if filters else []  # a filter given twice is audited once
@@ -63,7 +74,8 @@ class FilterAudits:
             # the default audit looks only at the frames BIG TCP can affect (fast); explicit filters get all frames
             # the summary reports no affected flows (audit-filter does): no per-flow tally
             self.audits = [FilterAudit(e, candidates_only=not self.explicit, spill=True, spill_dir=self.spill_dir,
-                                       flows=False) for e in exprs]
+                                       flows=False, emit=self._emitter(i) if self._write is not None else None)
+                           for i, e in enumerate(exprs)]
         except LibpcapMissing as e:
             if self.explicit:
                 raise UsageError(str(e)) from None
@@ -79,9 +91,37 @@ class FilterAudits:
             if kind not in prepared:
                 prepared[kind] = prepare_batch(rb, pb, *kind)
             a.feed_prepared(prepared[kind])
+        if self._batch:
+            self._write_batch()
+
+    def _emitter(self, i: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+        return lambda frame, verdict, reason: self._batch.append((i, frame, verdict, reason))
+
+    def _write_batch(self) -> None:
+        parts, self._batch = self._batch, []
+        now = []
+        for p in parts:
+            i = p[0]
+            if not self.audits[i].compiled:  # rejected for every link type so far: held
+                if i not in self._held:
+                    self._held[i] = _Spill(self.spill_dir)
+                self._held[i].write((p[1], p[2], p[3], np.zeros(len(p[1]), np.uint8), np.zeros(len(p[1]), np.uint8)))
+                continue
+            held = self._held.pop(i, None)
+            if held is not None:  # it compiles now: its rows from before, then this batch's
+                for frame, verdict, reason, _, _ in held.chunks():
+                    self._write(merged_rows([(i, frame, verdict, reason)], self.exprs))
+                held.file.close()
+            now.append(p)
+        t = merged_rows(now, self.exprs)
+        if t is not None:
+            self._write(t)
 
     def finish(self, report_all: bool = False) -> list:
         """The results to report (the default audit's: only those that found something, unless ``report_all``)."""
+        for held in self._held.values():  # expressions no link type of the capture compiled: not reported
+            held.file.close()
+        self._held.clear()
         results = []
         for a in self.audits:
             try:

@@ -147,6 +147,16 @@ def mixed_capture(tmp_path):
     return write_pcapng(tmp_path / "mixed.pcapng", [1, 228], pkts)
 
 
+def v4_then_v6_capture(tmp_path, v6: bool = True):
+    """Two raw-IPv4 (228) frames, then two Ethernet IPv6 frames, one an HBH jumbogram, in one pcapng; without
+    ``v6`` only the IPv4 frames, as BIG TCP ones (tot_len 0, 70,000 bytes on the wire, the first 60 captured)."""
+    seg = tcp_hdr() + bytes(20)
+    v4 = ipv4_hdr(20 + len(seg)) + seg
+    pkts = [(1, v4, len(v4)), (1, v4, len(v4))] + [(0, *v6_tcp(10)), (0, *v6_hbh_tcp(70000))] if v6 else \
+        [(1, ipv4_hdr(0) + seg, 70000)] * 2
+    return write_pcapng(tmp_path / "v4_then_v6.pcapng", [1, 228], pkts)
+
+
 def test_mixed_linktypes_rejected_for_one_are_audited_on_the_other(app, tmp_path):
     cap = mixed_capture(tmp_path)
     r = audit_capture("ip6 and tcp", cap)
