@@ -18,6 +18,12 @@ The kernels never allocate, return or keep an array (the Python side owns every 
 the call), so NRT has nothing to manage, yet with it every array bound to a name inside a loop costs an atomic
 increment and decrement that LLVM's pruning cannot always remove. In the GRO loop those atomics were half the
 time (60 -> 28.5 ns per packet without them). A kernel that allocated would now fail to compile, loudly.
+
+Entry points release the GIL while they run (``RELEASE_GIL``: numba's ``nogil`` on the JIT, the same flag for
+the ahead-of-time wrappers). They touch no Python object, and the Python side does not change a buffer while a
+kernel has it. What it buys: the Parquet writer thread (output/parquet.py) needs the GIL for a moment at the end
+of each row group it writes, and while the pipeline's thread held it through every kernel call that thread
+waited there, 3-4 ms a row group on a BIG TCP receiver capture, until the pipeline in turn waited for it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ KERNEL_MODULES = ("bigtcp_pcap.capture.walk", "bigtcp_pcap.decode.kernel", "bigt
                   "bigtcp_pcap.audit.bpfvm", "bigtcp_pcap.audit.normalize", "bigtcp_pcap.audit.judge",
                   "bigtcp_pcap.keyed")
 SPEC_FILE = PKG / "_kernels.json"
+RELEASE_GIL = True  # (a change here changes the source digest: the ahead-of-time module is rebuilt)
 ENV_FORCE_JIT = "BIGTCP_PCAP_JIT"
 
 
@@ -241,6 +248,8 @@ def njit(*args: Any, entry: bool = False, sig: str | list[str] | None = None, **
             return f
         if _AOT is None or _force_jit:
             numba = _numba()
+            if entry:
+                options.setdefault("nogil", RELEASE_GIL)
             disp = numba.njit(_nrt=False, **options)(f)  # no refcount atomics (module docstring)
             disp._bigtcp_entry = entry  # read by build_kernels
             disp._bigtcp_sigs = [parse_sig(x) for x in ([sig] if isinstance(sig, str) else sig or [])]

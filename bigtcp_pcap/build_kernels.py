@@ -205,6 +205,15 @@ def build(out_dir: Path) -> dict:
 
     if _native._AOT is not None:
         raise SystemExit("build_kernels: the JIT must be active for the build (unset nothing; this is a bug)")
+    if _native.RELEASE_GIL:  # the exports' Python wrappers release the GIL around the call, as numba's nogil
+        import numba.pycc.compiler as pycc_compiler
+
+        class _Flags(pycc_compiler.Flags):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.release_gil = True
+
+        pycc_compiler.Flags = _Flags
     cc = CC("_kernels")
     cc.output_dir = str(out_dir)
     cc.verbose = False
