@@ -28,6 +28,7 @@ gives the truth verdict on every one of them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -252,6 +253,14 @@ class _Spill:
         self._writer.write_batch(pa.record_batch([A.array(np.asarray(c).view(f.type.to_pandas_dtype()), f.type)
                                                   for c, f in zip(cols, self.schema, strict=True)], schema=self.schema))
         self.rows += len(cols[0])
+
+    def close(self) -> None:
+        """Drop the rows: the stream, then the file (gone with it)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        self.file.close()
 
     def chunks(self) -> Iterable[tuple[np.ndarray, ...]]:
         import pyarrow as pa

@@ -111,7 +111,7 @@ class FilterAudits:
             if held is not None:  # it compiles now: its rows from before, then this batch's
                 for frame, verdict, reason, _, _ in held.chunks():
                     self._write(merged_rows([(i, frame, verdict, reason)], self.exprs))
-                held.file.close()
+                held.close()
             now.append(p)
         t = merged_rows(now, self.exprs)
         if t is not None:
@@ -120,7 +120,7 @@ class FilterAudits:
     def finish(self, report_all: bool = False) -> list:
         """The results to report (the default audit's: only those that found something, unless ``report_all``)."""
         for held in self._held.values():  # expressions no link type of the capture compiled: not reported
-            held.file.close()
+            held.close()
         self._held.clear()
         results = []
         for a in self.audits:
