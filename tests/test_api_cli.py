@@ -243,17 +243,6 @@ def test_background_sink_writes_the_same_file(tmp_path):
     assert P.read_metadata(tmp_path / "True.parquet") == {"run": 1}
 
 
-def test_repeat_string_equals_a_list():
-    import pyarrow as pa
-
-    from bigtcp_pcap.output.arrow import repeat_string
-
-    for value, n in (("tcp port 5201", 1000), ("é", 3), ("", 4), ("x", 0)):
-        got = repeat_string(value, n)
-        got.validate(full=True)
-        assert got.equals(pa.chunked_array([pa.array([value] * n, pa.string())]))
-
-
 def test_analyze_refuses_a_config_and_gro_keywords_together():
     from bigtcp_pcap.gro import GroConfig
 

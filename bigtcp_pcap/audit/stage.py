@@ -73,8 +73,9 @@ class FilterAudits:
         try:
             # the default audit looks only at the frames BIG TCP can affect (fast); explicit filters get all frames
             # the summary reports no affected flows (audit-filter does): no per-flow tally
-            self.audits = [FilterAudit(e, candidates_only=not self.explicit, spill=True, spill_dir=self.spill_dir,
-                                       flows=False, emit=self._emitter(i) if self._write is not None else None)
+            stream = self._write is not None  # the rows handed on as they come, or kept (spilled beyond a bound)
+            self.audits = [FilterAudit(e, candidates_only=not self.explicit, spill=not stream,
+                                       spill_dir=self.spill_dir, flows=False, emit=self._emitter(i) if stream else None)
                            for i, e in enumerate(exprs)]
         except LibpcapMissing as e:
             if self.explicit:

@@ -86,37 +86,6 @@ def take_strings(values: Sequence[str | None], idx: np.ndarray) -> pa.Array:
                                                           pa.py_buffer(data)], null_count=null_count)
 
 
-def repeat_string(value: str, n: int) -> pa.ChunkedArray:
-    """A string column of ``n`` copies of ``value``, built without encoding it n times (chunked so that no
-    chunk's 32-bit offsets overflow)."""
-    enc = value.encode()
-    per_chunk = max(1, (2**31 - 1) // max(len(enc), 1))
-    chunks = []
-    for start in range(0, n, per_chunk):
-        m = min(per_chunk, n - start)
-        offsets = (np.arange(m + 1, dtype=np.int64) * len(enc)).astype(np.int32)
-        chunks.append(pa.Array.from_buffers(pa.string(), m, [None, pa.py_buffer(offsets), pa.py_buffer(enc * m)],
-                                            null_count=0))
-    return pa.chunked_array(chunks, pa.string())
-
-
-def strings_of(codes: np.ndarray, names: Sequence[str]) -> pa.Array:
-    """A string column of ``names[codes[i]]``, gathered bytewise (no Python string per row, no pyarrow.compute;
-    for a batch's rows: 32-bit offsets)."""
-    codes = np.asarray(codes, np.int64)
-    enc = [x.encode() for x in names]
-    lens = np.array([len(e) for e in enc], np.int64)
-    starts = np.zeros(len(enc), np.int64)
-    np.cumsum(lens[:-1], out=starts[1:])
-    row_len = lens[codes]
-    offsets = np.zeros(len(codes) + 1, np.int64)
-    np.cumsum(row_len, out=offsets[1:])
-    idx = np.repeat(starts[codes] - offsets[:-1], row_len) + np.arange(offsets[-1], dtype=np.int64)
-    data = np.frombuffer(b"".join(enc) or b"\0", np.uint8)[idx]
-    return pa.Array.from_buffers(pa.string(), len(codes), [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                           pa.py_buffer(data)], null_count=0)
-
-
 @functools.lru_cache(maxsize=64)
 def _names(names: tuple[str, ...]) -> pa.Array:
     return _strings(list(names), None)
