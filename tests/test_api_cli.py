@@ -195,22 +195,6 @@ def test_nullable_columns_read_as_nullable_integers_and_provenance_in_the_arrow_
         assert read_metadata(path)["source_name"] == cap.name
 
 
-def test_take_strings_equals_arrow_take():
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute  # the oracle (Array.take); the pipeline itself avoids importing it
-
-    from bigtcp_pcap.output.arrow import take_strings
-
-    rng = np.random.default_rng(7)
-    values = ["fd00::1", None, "10.0.0.1", "", "2001:db8::ffff:1", "é"]
-    for n in (0, 1, 1000):
-        idx = rng.integers(0, len(values), n)
-        got = take_strings(values, idx)
-        got.validate(full=True)
-        assert got.equals(pa.array(values, pa.string()).take(pa.array(idx)))
-
-
 def test_superpacket_addresses_are_their_flows(tmp_path):
     a = analyze(KERNEL / "v6_185000.snd.pcap", outdir=tmp_path)
     sp, flows = a.superpackets, a.flows.set_index("flow_id")

@@ -65,27 +65,6 @@ def _strings(values: Sequence[str | None] | np.ndarray, mask: np.ndarray | None)
                                  null_count=null_count)
 
 
-def take_strings(values: Sequence[str | None], idx: np.ndarray) -> pa.Array:
-    """``array(values, pa.string()).take(idx)`` (None is null) without ``Array.take``: that imports
-    pyarrow.compute, ~50 ms of start-up for one call."""
-    idx = np.asarray(idx, np.int64)
-    seq = list(values)
-    nulls = np.fromiter((v is None for v in seq), bool, len(seq))
-    enc = [b"" if v is None else str(v).encode() for v in seq]
-    ulen = np.fromiter(map(len, enc), np.int64, len(enc))
-    ustart = np.zeros(len(enc) + 1, np.int64)
-    np.cumsum(ulen, out=ustart[1:])
-    lens = ulen[idx]
-    offsets = np.zeros(len(idx) + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    # byte j of row r is byte (j - offsets[r]) of value idx[r]
-    gather = np.repeat(ustart[idx] - offsets[:-1], lens) + np.arange(offsets[-1])
-    data = np.frombuffer(b"".join(enc), np.uint8)[gather]
-    validity, null_count = _validity(nulls[idx])
-    return pa.Array.from_buffers(pa.string(), len(idx), [validity, pa.py_buffer(offsets.astype(np.int32)),
-                                                          pa.py_buffer(data)], null_count=null_count)
-
-
 @functools.lru_cache(maxsize=64)
 def _names(names: tuple[str, ...]) -> pa.Array:
     return _strings(list(names), None)

@@ -13,7 +13,9 @@ import pyarrow as pa
 from ..audit.cbpf import verdict_columns
 from . import arrow as A
 
-AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.string()),
+_INT32 = pa.int32()
+
+AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.dictionary(pa.int32(), pa.string())),
                           ("verdict", pa.dictionary(pa.int8(), pa.string())),
                           ("reason", pa.dictionary(pa.int8(), pa.string()))])
 
@@ -36,5 +38,5 @@ def merged_rows(parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]], exp
         verdict = np.concatenate([p[2] for p in parts])[order]
         reason = np.concatenate([p[3] for p in parts])[order]
     return pa.table({"frame": A.array(frame, pa.uint64()),
-                     "filter": A.take_strings(exprs, which),
+                     "filter": A.dictionary(which, exprs, index=_INT32),
                      **verdict_columns(verdict, reason)}, schema=AUDIT_SCHEMA)

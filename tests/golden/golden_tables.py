@@ -45,7 +45,10 @@ def table_digest(path: Path) -> str:
                 t = t.set_column(i, name, t.column(i).cast(pa.string()))
     if path.name == "flows.parquet":  # rows are streamed as flows end: digest them in flow_id order
         t = t.sort_by("flow_id")
-    if path.name == "filter_audit.parquet":  # digested in (frame, filter) order, the order rows are written in aside
+    if path.name == "filter_audit.parquet":  # digested in (frame, filter) order, the order rows are written in aside;
+        i = t.schema.get_field_index("filter")  # the filter is a dictionary column: digest its text, as before
+        if pa.types.is_dictionary(t.schema.field(i).type):
+            t = t.set_column(i, "filter", t.column(i).cast(pa.string()))
         t = t.sort_by([("frame", "ascending"), ("filter", "ascending")])
     t = pa.Table.from_arrays(t.columns, schema=pa.schema([f.remove_metadata() for f in t.schema]))
     sink = pa.BufferOutputStream()
