@@ -8,6 +8,7 @@ import lzma
 import shutil
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -173,3 +174,69 @@ def test_zstd_reader_across_frames_and_read_sizes():
             out += buf[:n]
             k += 1
         assert bytes(out) == raw
+
+
+def _gzip_then_bad_block(raw: bytes) -> bytes:
+    """A gzip member holding ``raw`` (byte-aligned by a full flush), then a deflate block of the reserved type 3:
+    zlib raises "invalid block type" right there, after decoding exactly ``raw``."""
+    c = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return c.compress(raw) + c.flush(zlib.Z_FULL_FLUSH) + b"\x07" + b"\x00" * 64
+
+
+def test_corrupt_gzip_keeps_what_zlib_decodes_before_it(tmp_path):
+    """A corrupt point in a gzip stream costs at most the 4 KiB of input before it (source.IN_SMALL), however
+    large the pieces the decompressing thread feeds zlib: the records that zlib itself decodes from the stream
+    fed in 4 KiB pieces, up to its error, are all read (the oracle: zlib and the pcap record headers)."""
+    from bigtcp_pcap.capture.source import IN_SMALL
+    from bigtcp_pcap.errors import CaptureError
+
+    raw = (KERNEL / "v4_185000.snd.pcap").read_bytes()
+    comp = _gzip_then_bad_block(raw)
+    assert len(comp) > 4 * IN_SMALL
+    d, got = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
+    with pytest.raises(zlib.error, match="invalid block type"):
+        for i in range(0, len(comp), IN_SMALL):
+            got += d.decompress(comp[i:i + IN_SMALL])
+    assert got == raw[:len(got)] and len(got) > len(raw) // 2
+    offs = [o for o in _offsets(raw) if o + 16 <= len(got)]
+    whole = sum(1 for o in offs if o + 16 + int.from_bytes(raw[o + 8:o + 12], "little") <= len(got))
+    path = tmp_path / "bad.pcap.gz"
+    path.write_bytes(comp)
+    r, n = CaptureReader(path), 0
+    with pytest.raises(CaptureError, match="gzip error"):
+        for rb in r:
+            n += len(rb)
+    assert n == whole > 0
+
+
+def _offsets(raw: bytes) -> list[int]:
+    offs, p = [], 24
+    while p + 16 <= len(raw):
+        offs.append(p)
+        p += 16 + int.from_bytes(raw[p + 8:p + 12], "little")
+    return offs
+
+
+def test_decompressing_thread_ends_with_the_reader(tmp_path):
+    """A compressed capture is decompressed on a thread (source.ReadAhead); a reader stopped early, read to the
+    end, or given a corrupt stream leaves no such thread behind, and the bytes are those of the plain file."""
+    import threading
+
+    def threads():
+        return [t for t in threading.enumerate() if t.name == "bigtcp-pcap-decompress"]
+
+    raw = SND.read_bytes()
+    path = tmp_path / "c.pcap.gz"
+    path.write_bytes(gzip.compress(raw + raw[24:] * 7))  # the records 8 times
+    it = iter(CaptureReader(path, batch_size=50))
+    next(it)
+    it.close()  # as an interrupt closes the stream's generator
+    assert not threads()
+    ref, _ = _cols(SND)
+    got, info = _cols(path)
+    assert info.compression == "gzip" and got.shape[1] == 8 * ref.shape[1] and not threads()
+    bad = tmp_path / "bad.pcap.gz"
+    bad.write_bytes(_gzip_then_bad_block(raw))
+    with pytest.raises(Exception, match="gzip error"):
+        _cols(bad)
+    assert not threads()

@@ -1,17 +1,22 @@
 """Opening a capture source: a path, ``-`` for stdin, or a binary file object; compression by magic bytes.
 
 The stream handed to the record walk is always uncompressed. The raw (possibly compressed) bytes pass through
-``HashingReader``, which counts them (the progress bar's position) and, when asked, takes their SHA-256.
+``HashingReader``, which counts them (the progress bar's position) and, when asked, takes their SHA-256. A
+compressed stream is decompressed on a thread of its own (``ReadAhead``): zlib, bz2, lzma and zstandard release
+the GIL while they work, so decompression runs beside the analysis instead of before it.
 """
 
 from __future__ import annotations
 
 import bz2
+import contextlib
 import hashlib
 import io
 import lzma
 import os
+import queue
 import sys
+import threading
 import zlib
 from typing import BinaryIO
 
@@ -85,17 +90,17 @@ class Source:
         # what a damaged compressed stream raises while it is read (turned into a CaptureError by the reader)
         self.stream_errors: tuple[type[BaseException], ...] = (OSError, EOFError, ValueError, zlib.error,
                                                                 lzma.LZMAError)
+        self._ahead: ReadAhead | None = None
         if self.compression in ("gzip", "bzip2", "xz"):
-            self.stream: BinaryIO = Decompressing(buffered, self.compression)
+            self._ahead = ReadAhead(Decompressing(buffered, self.compression))
         elif self.compression == "zstd":
             try:
                 import zstandard
             except ImportError:
                 raise CaptureError(self.name, "zstd-compressed; install the 'zstandard' package") from None
-            self.stream = ZstdReader(buffered, zstandard)
+            self._ahead = ReadAhead(ZstdReader(buffered, zstandard))
             self.stream_errors += (zstandard.ZstdError,)
-        else:
-            self.stream = buffered
+        self.stream: BinaryIO = self._ahead if self._ahead is not None else buffered
 
     @property
     def bytes_read(self) -> int:
@@ -109,6 +114,8 @@ class Source:
         """Read the raw input to its end so that the SHA-256 covers the whole file."""
         if self.raw.sha256 is None:
             return
+        if self._ahead is not None:  # the decompressing thread reads the raw input no more
+            self._ahead.close()
         buf = bytearray(1 << 20)
         try:
             while self.raw.readinto(buf):
@@ -117,13 +124,95 @@ class Source:
             pass
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
         if self._close is not None:
             self._close.close()
 
 
+class ReadAhead(io.RawIOBase):
+    """The bytes of ``stream`` (a decompressing reader), read ahead on a thread into at most ``DEPTH`` pieces of
+    ``PIECE`` bytes. ``readinto`` hands them out in order; what the stream raised (a truncated or corrupt
+    compressed stream) is raised there once everything read before it has been handed out, as reading the
+    stream itself would. The thread starts at the first read and ends at ``close`` (or at the stream's end)."""
+
+    PIECE = 1 << 22
+    DEPTH = 2
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self._q: queue.Queue = queue.Queue(self.DEPTH)
+        self._cur = memoryview(b"")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._over = False  # the end or the error has been handed out
+
+    def readable(self) -> bool:
+        return True
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                buf = bytearray(self.PIECE)
+                n = self._stream.readinto(buf)
+                if not n:
+                    break
+                if not self._put(memoryview(buf)[:n]):
+                    return
+        except BaseException as e:  # handed to the reader, raised where the stream raised it
+            self._put(e)
+            return
+        self._put(None)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        mv = memoryview(b).cast("B")
+        while not len(self._cur):
+            if self._over:
+                return 0
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="bigtcp-pcap-decompress", daemon=True)
+                self._thread.start()
+            item = self._q.get()
+            if item is None:
+                self._over = True
+                return 0
+            if isinstance(item, BaseException):
+                self._over = True
+                raise item
+            self._cur = item
+        n = min(len(mv), len(self._cur))
+        mv[:n] = self._cur[:n]
+        self._cur = self._cur[n:]
+        return n
+
+    def close(self) -> None:
+        """Stop the thread (it is waiting to hand over a piece, or reading one) and drop what it read ahead."""
+        self._stop.set()
+        if self._thread is not None:
+            while self._thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    self._q.get(timeout=0.05)
+            self._thread = None
+        self._over = True
+        self._cur = memoryview(b"")
+        super().close()
+
+
 # Compressed input is fed in pieces of this size; each call's output is bounded by the caller's buffer, so a
 # decompression bomb costs what the reader asked for (a few MiB to sniff the magic), not what it expands to.
-IN_CHUNK = 1 << 16
+# Each call runs without the GIL and takes it back at its end: large pieces keep the decompressing thread from
+# waiting for the GIL behind the analysis after every few hundred KB (64 KiB pieces: no overlap measured).
+IN_CHUNK = 1 << 18
+IN_SMALL = 1 << 12  # gzip: after a corrupt piece, its input again in pieces this small (little decoded is lost)
 
 
 class Decompressing(io.RawIOBase):
@@ -141,6 +230,7 @@ class Decompressing(io.RawIOBase):
         self._dec = self._new()
         self._pending = b""  # compressed input not yet given to the decompressor
         self._started = False  # the current member has consumed input
+        self._step = IN_CHUNK
 
     def _new(self):
         if self._kind == "gzip":
@@ -160,14 +250,28 @@ class Decompressing(io.RawIOBase):
                 self._dec, self._pending, self._started = self._new(), rest, False
             data = self._pending
             if not data and self._wants_input():
-                data = self._raw.read(IN_CHUNK)
+                data = self._raw.read(self._step)
                 if not data:
                     if self._started:
                         raise EOFError(f"{self._kind} stream ends inside a member (truncated file)")
                     return 0
             self._started = True
-            out = self._dec.decompress(data, len(mv))
-            self._pending = self._dec.unconsumed_tail if self._kind == "gzip" else b""
+            if self._kind == "gzip":
+                chunk, rest = data[:self._step], data[self._step:]
+                # a corrupt point raises and drops what the call decoded: from a copy of the state before the
+                # call, the same input again in small pieces, up to the error
+                before = self._dec.copy() if len(chunk) > IN_SMALL else None
+                try:
+                    out = self._dec.decompress(chunk, len(mv))
+                except zlib.error:
+                    if before is None:
+                        raise
+                    self._dec, self._step, self._pending = before, IN_SMALL, data
+                    continue
+                self._pending = self._dec.unconsumed_tail + rest if rest else self._dec.unconsumed_tail
+            else:
+                out = self._dec.decompress(data, len(mv))
+                self._pending = b""
             if out:
                 mv[:len(out)] = out
                 return len(out)
