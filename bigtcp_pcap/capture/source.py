@@ -159,7 +159,7 @@ class ReadAhead(io.RawIOBase):
                     break
                 if not self._put(memoryview(buf)[:n]):
                     return
-        except BaseException as e:  # handed to the reader, raised where the stream raised it
+        except BaseException as e:  # noqa: BLE001 - handed to the reader, raised where the stream raised it
             self._put(e)
             return
         self._put(None)
