@@ -69,6 +69,7 @@ class Comparison:
     rows: dict[str, list] = field(repr=False)
     fit: list[dict[str, Any]] | None = None
     errors: list[str] = field(default_factory=list)  # faults that ended a capture early (one line each)
+    by_delivery_delay: list[dict[str, Any]] = field(default_factory=list)  # ``_by_delay``
 
     @property
     def partial(self) -> bool:
@@ -85,6 +86,7 @@ class Comparison:
                "receiver_superpackets": self.receiver_superpackets, "reproduced": self.reproduced,
                "share": round(self.share, 6), "rebuilt_superpackets": self.rebuilt_superpackets,
                "causes": self.causes, "rebuilt_causes": self.rebuilt_causes, "flows": self.flows,
+               "by_delivery_delay": self.by_delivery_delay,
                "gro": self.config.to_metadata(), "partial": self.partial, "errors": self.errors}
         if self.fit is not None:
             out["fit"] = self.fit
@@ -199,9 +201,12 @@ def _flow_ids(pb: PacketBatch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
-            host_addrs: set[bytes], errors: list[CaptureError] | None = None) -> tuple[SuperPacketBatch, np.ndarray]:
+            host_addrs: set[bytes], errors: list[CaptureError] | None = None,
+            end_times: tuple[np.ndarray, dict[bytes, list[int]]] | None = None) -> tuple[SuperPacketBatch, np.ndarray]:
     """``analyze``'s GRO stage over the sender capture, the receiving host's rows only: (rows, flow keys by
-    flow_id). ``errors``: where a fault after the first record goes (the rows cover the packets before it)."""
+    flow_id). ``errors``: where a fault after the first record goes (the rows cover the packets before it).
+    ``end_times``: (wanted ``_end_keys``, dict): the capture times of the sender's data segments with those
+    (flow, end) keys go into the dict, key -> times in capture order."""
     stage = GroStage(cfg)
     ids: dict[bytes, int] = {}
     keys: list[bytes] = []
@@ -210,6 +215,12 @@ def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
         pb, _ = decode(rb)
         tcp = (pb.l4_proto == 6) & ((pb.ip_version == 4) | (pb.ip_version == 6)) & (pb.l4_off >= 0)
         k = _flow_keys(pb)
+        if end_times is not None and len(pb):
+            data = np.flatnonzero(tcp & (pb.tcp_payload_len > 0))
+            ek = _end_keys(k[data], pb.tcp_seq[data], pb.tcp_payload_len[data])
+            hit = np.flatnonzero(np.isin(ek, end_times[0]))
+            for kb, t in zip(ek[hit].tolist(), pb.ts_ns[data[hit]].tolist(), strict=True):
+                end_times[1].setdefault(bytes(kb), []).append(t)
         uniq, inv = np.unique(k, return_inverse=True)
         g = np.empty(len(uniq), np.int64)
         for j, kb in enumerate(uniq.tolist()):
@@ -295,6 +306,49 @@ def _classify(kernel_only: dict, sim_only: dict) -> tuple[collections.Counter, c
     return causes, sim_causes, row_cause
 
 
+def _end_keys(flow_keys: np.ndarray, seq: np.ndarray, plen: np.ndarray) -> np.ndarray:
+    """(37-byte flow key, 4-byte end sequence number) of each segment as 41-byte void keys."""
+    end = ((seq.astype(np.uint64) + plen.astype(np.uint64)) & np.uint64(0xFFFFFFFF)).astype("<u4")
+    k = np.concatenate([flow_keys.view(np.uint8).reshape(-1, 37), end.view(np.uint8).reshape(-1, 4)], axis=1)
+    return np.ascontiguousarray(k).view(np.dtype((np.void, 41))).reshape(-1)
+
+
+DELAY_BUCKETS_US = (5.0, 50.0)
+"""Bounds of ``by_delivery_delay``: below 5 us the receiver took each segment almost as it came (on veth pairs of
+two flows: a receiver polling on another CPU every few microseconds, super-packets of a few segments that no
+ACK or gap in the sender's capture shows); 50 us and more, it was behind (full 64-packet polls back to back,
+their phase kept only where the ACKs show it)."""
+
+
+def _delays(kernel: list, kernel_ts: np.ndarray, times: dict[bytes, list[int]]) -> np.ndarray:
+    """Per receiver super-packet: its capture time less that of the sender's segment ending where it ends (the
+    last copy sent before it, else the first); -1 where the sender's capture has no such segment."""
+    out = np.full(len(kernel), -1, np.int64)
+    for i, ((fl, s, ln), t) in enumerate(zip(kernel, kernel_ts.tolist(), strict=True)):
+        sent = times.get(fl + ((s + ln) & 0xFFFFFFFF).to_bytes(4, "little"))
+        if sent:
+            before = [x for x in sent if x <= t]
+            out[i] = t - (before[-1] if before else sent[0])
+    return out
+
+
+def _by_delay(delay: np.ndarray, matched: np.ndarray) -> list[dict[str, Any]]:
+    """Receiver super-packets and those reproduced, by delivery delay (DELAY_BUCKETS_US; ``unknown``: no sender
+    segment ends where the super-packet ends)."""
+    lo, hi = (int(b * 1000) for b in DELAY_BUCKETS_US)
+    names = (f"< {DELAY_BUCKETS_US[0]:g} us", f"{DELAY_BUCKETS_US[0]:g}-{DELAY_BUCKETS_US[1]:g} us",
+             f">= {DELAY_BUCKETS_US[1]:g} us", "unknown")
+    which = np.where(delay < 0, 3, np.where(delay < lo, 0, np.where(delay < hi, 1, 2)))
+    out = []
+    for b, name in enumerate(names):
+        sel = which == b
+        n = int(sel.sum())
+        if n:
+            rep = int(matched[sel].sum())
+            out.append({"delay": name, "receiver_superpackets": n, "reproduced": rep, "share": round(rep / n, 6)})
+    return out
+
+
 def _covers(span: tuple[int, int], ranges: list[tuple[int, int]]) -> bool:
     """Do the (start, len) ``ranges`` cover ``span`` exactly, end to end, without overlap?"""
     pos = span[0]
@@ -343,14 +397,22 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
     rcv = _load(receiver, errors)
     mac, addrs, host = _receiving_host(rcv)
     rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))
-    sim, keys = rebuild(sender, cfg, mac, addrs, errors)
+    rfid, rkeys = _flow_ids(rcv_in)
+    m = (rfid >= 0) & (rcv_in.tcp_payload_len > 0)
+    times: dict[bytes, list[int]] = {}
+    wanted = np.unique(_end_keys(rkeys[rfid[m]], rcv_in.tcp_seq[m], rcv_in.tcp_payload_len[m]))
+    sim, keys = rebuild(sender, cfg, mac, addrs, errors, end_times=(wanted, times))
     reproduced, k_only, s_only, kernel = _match(rcv_in, sim, keys)
     causes, sim_causes, row_cause = _classify(k_only, s_only)
+    rows = _rows(kernel, k_only, s_only, row_cause)
+    delay = _delays(kernel, rcv_in.ts_ns[m], times)
+    rows["delay_ns"] = delay.tolist() + [-1] * (len(rows["side"]) - len(kernel))
     res = Comparison(sender=str(sender), receiver=str(receiver), config=cfg, receiver_host=host,
                      receiver_superpackets=len(kernel), rebuilt_superpackets=len(sim), reproduced=reproduced,
                      causes={c: int(causes.get(c, 0)) for c in CAUSES},
                      rebuilt_causes={c: int(sim_causes.get(c, 0)) for c in CAUSES}, flows=_per_flow(kernel, k_only),
-                     rows=_rows(kernel, k_only, s_only, row_cause), errors=[e.one_line() for e in errors])
+                     rows=rows, errors=[e.one_line() for e in errors],
+                     by_delivery_delay=_by_delay(delay, np.array(rows["matched"][:len(kernel)], bool)))
     if fit:
         res.fit = _fit(sender, cfg, mac, addrs, rcv_in, len(kernel))
     if outdir is not None:
@@ -436,10 +498,15 @@ def _write(out: Path, res: Comparison) -> None:
     make_outdir(out)
     schema = pa.schema([("side", pa.string()), ("src", pa.string()), ("dst", pa.string()), ("sport", pa.uint16()),
                         ("dport", pa.uint16()), ("seq", pa.uint32()), ("payload_len", pa.uint32()),
-                        ("matched", pa.bool_()), ("cause", pa.string()), ("flush_reason", pa.string())],
+                        ("matched", pa.bool_()), ("cause", pa.string()), ("flush_reason", pa.string()),
+                        ("delay_ns", pa.int64())],
                        metadata={"bigtcp_pcap.compare": json.dumps({k: v for k, v in res.to_json().items()
                                                                      if k not in ("flows",)})})
-    table = pa.table(res.rows, schema=schema)
+    rows = dict(res.rows)
+    delay = rows.get("delay_ns", [])
+    d = np.array(delay, np.int64)
+    rows["delay_ns"] = pa.array(d, pa.int64(), mask=d < 0)
+    table = pa.table(rows, schema=schema)
     tmp = out / "compare.parquet.tmp"
     try:
         pq.write_table(table, tmp)

@@ -77,6 +77,10 @@ def _render(res) -> None:
         for cause, n in res.causes.items():
             if n:
                 out.print(f"  {n} not reproduced: {cause}: {words[cause]}", highlight=False)
+    known = [b for b in res.by_delivery_delay if b["delay"] != "unknown"]
+    if known:  # (one clock on both sides only when both captures were taken on one host, as on a veth pair)
+        out.print("by delivery delay (receiver capture time less the sender's): " + "; ".join(
+            f"{b['delay']}: {b['reproduced']} of {b['receiver_superpackets']}" for b in known), highlight=False)
     t = Table("flow", "receiver super-packets", "reproduced", "share")
     for f in res.flows[:10]:
         t.add_row(f"{f['src']}:{f['sport']} -> {f['dst']}:{f['dport']}", str(f["receiver_superpackets"]),

@@ -191,3 +191,49 @@ def test_compare_names_packets_the_rebuild_gave_up_as_not_merged():
     missed = got.receiver_superpackets - got.reproduced
     assert missed > 10 and got.causes["not_merged"] > 0.8 * missed and got.causes["rule"] == 0
     assert sum(got.causes.values()) == missed
+
+
+def test_delivery_delay_against_tshark(tmp_path):
+    """compare.parquet's ``delay_ns`` of each receiver super-packet is the receiver's capture time less that of
+    the sender's segment ending where it ends (the last copy sent before it), both as tshark reads them; the
+    ``by_delivery_delay`` buckets count those delays and the reproduced rows among them."""
+    name = "mixed_185000"
+    meta = json.loads((KP.KERNEL_DIR / f"{name}.json").read_text())
+    snd, rcv = KP.KERNEL_DIR / f"{name}.snd.pcap", KP.KERNEL_DIR / f"{name}.rcv.pcap"
+    mac = meta["interfaces"]["vb"]["ip_d_j_link_show"]["address"]
+    got = compare(snd, rcv, gro=KP.pair_config(meta), outdir=tmp_path)
+    fields = ["frame.time_epoch", "eth.dst", "tcp.srcport", "tcp.dstport", "tcp.seq_raw", "tcp.len"]
+
+    def ns(x):
+        whole, frac = x["frame.time_epoch"].split(".")
+        return int(whole) * 10**9 + int(frac.ljust(9, "0")[:9])
+
+    sent = collections.defaultdict(list)
+    for x in tshark_fields(snd, fields, "tcp.len > 0"):
+        if x["eth.dst"] == mac:
+            end = (int(x["tcp.seq_raw"]) + int(x["tcp.len"])) & 0xFFFFFFFF
+            sent[(int(x["tcp.srcport"]), int(x["tcp.dstport"]), end)].append(ns(x))
+    want = {}
+    for x in tshark_fields(rcv, fields, "tcp.len > 0"):
+        if x["eth.dst"] != mac:
+            continue
+        sp, dp, s, ln, t = int(x["tcp.srcport"]), int(x["tcp.dstport"]), int(x["tcp.seq_raw"]), int(x["tcp.len"]), ns(x)
+        times = sent.get((sp, dp, (s + ln) & 0xFFFFFFFF), [])
+        before = [u for u in times if u <= t]
+        want[(sp, dp, s, ln)] = t - (before[-1] if before else times[0]) if times else None
+    t = pq.read_table(tmp_path / "compare.parquet").to_pydict()
+    ours = {(a, b, s, ln): d for side, a, b, s, ln, d in zip(t["side"], t["sport"], t["dport"], t["seq"],
+                                                             t["payload_len"], t["delay_ns"], strict=True)
+            if side == "receiver"}
+    assert ours == want and len(ours) == got.receiver_superpackets
+    assert sum(1 for d in want.values() if d is not None and d >= 50_000) > 10  # the shared ring fell behind
+    matched = {(a, b, s, ln): m for side, a, b, s, ln, m in zip(t["side"], t["sport"], t["dport"], t["seq"],
+                                                                t["payload_len"], t["matched"], strict=True)
+               if side == "receiver"}
+    buckets = collections.Counter()
+    for k, d in want.items():
+        b = "unknown" if d is None else "< 5 us" if d < 5000 else "5-50 us" if d < 50_000 else ">= 50 us"
+        buckets[(b, "n")] += 1
+        buckets[(b, "rep")] += matched[k]
+    assert {b["delay"]: (b["receiver_superpackets"], b["reproduced"]) for b in got.by_delivery_delay} == \
+        {b: (buckets[(b, "n")], buckets[(b, "rep")]) for b, _ in buckets if _ == "n"}
