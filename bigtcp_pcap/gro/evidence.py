@@ -24,6 +24,14 @@ the receiver (``busy``: when the receiver sent that ACK at the latest; 0 when no
 reverse direction, advance the acknowledged number, carry no SACK block (a SACK or duplicate ACK says a segment
 is missing, not that the receiver is busy), come at most ``WINDOW`` rows and ``BUSY_MAX_NS`` after the segment
 and do not cover its end. Retransmitted or reordered segments (an end not after the flow's last one) get none.
+Between two such ACKs the receiver's backlog is estimated where both show it well behind: with each ACK's delay
+(its time, less the shortest lag, less the arrival of the last segment it covers), the wait is the smaller delay
+less ``BEHIND_MARGIN_NS`` (the ACK's own way, the stack's processing); when that is more than ``BEHIND_NS``, the
+two delays agree within a factor of two and the ACKs are at most ``BEHIND_SPAN_NS`` apart, each segment the
+second one covers is taken to have waited that long after it arrived, and its busy time is at least that (never
+past the second ACK). A receiver
+that is behind runs full polls back to back across the sender's gaps, and one flow's ACKs come every few hundred
+microseconds there (README, "What the mixed pairs' misses are").
 The receiver's SACKs also show segments that reached it after later data (``move``: fed where it got them) and
 segments that never reached it (``LOST``: sent again after the SACKs showed the hole; left out of the rebuild).
 Sans-IO: batches in, flagged batches out, the window held.
@@ -121,9 +129,19 @@ def _new_row(CK, CU, CI, BST, slot, k, here):
 
 # the busy evidence's per-direction state (columns of CS): the waiting segments' first and last row, the last
 # acknowledgment number taken, the last segment taken (its end and row), how many waiting segments a SACK
-# marked missing, the shortest ACK lag seen (-1: none yet), the time of the direction's last segment, and how
-# many waiting segments are marked lost
-CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_NLOST = range(9)
+# marked missing, the shortest ACK lag seen (-1: none yet), the time of the direction's last segment, how many
+# waiting segments are marked lost, and of the last advancing ACK without SACK (``_backlog``): when the receiver
+# sent it, the arrival and the row of the last segment it covered
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_NLOST, CS_PT, CS_PA, CS_PR = range(12)
+NCS = 12
+BEHIND_NS = 50_000
+"""The backlog estimate's threshold: the wait both ACKs show is more than this (``_backlog``)."""
+BEHIND_MARGIN_NS = 30_000
+"""Taken off the smaller of the two delays: the part of an ACK's delay that is not the receiver's backlog (its
+way back, the stack's processing; an ACK's delay measured 95 us where the receiver capture showed 62)."""
+BEHIND_SPAN_NS = 1_000_000
+"""The two ACKs at most this far apart (a receiver can catch up and fall behind again between ACKs further
+apart)."""
 PENDING = np.int64(-2)  # MOVE of a segment marked missing whose ACK has not come yet
 LOST = np.int64(-3)  # MOVE of a segment marked missing and then sent again: it never reached the receiver
 NLQ = 64  # the recent lost rows kept for a D-SACK to find (LQ: their rows and, at NLQ, how many were kept)
@@ -155,6 +173,31 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
     CS[e, CS_HEAD] = h
     if h < 0:
         CS[e, CS_TAIL] = -1
+
+
+@njit(cache=True, inline="always")
+def _backlog(CS, e, s2, newest, h0, NXT, TSR, BUSY, rmask):
+    """An advancing ACK without SACK, sent at ``s2``, covers the waiting segments from ``h0`` to ``newest``. When it and the previous such ACK both show the receiver well behind (module
+    doc), the segments after the previous one's last get busy times of their arrival plus the wait (the smaller
+    delay less ``BEHIND_MARGIN_NS``), at most ``s2``. Then this ACK becomes the previous one."""
+    s1 = CS[e, CS_PT]
+    p1 = CS[e, CS_PR]
+    d1 = s1 - CS[e, CS_PA]
+    d2 = s2 - TSR[newest & rmask]
+    lo = min(d1, d2)
+    wait = lo - BEHIND_MARGIN_NS
+    if s1 >= 0 and s2 > s1 and s2 - s1 <= BEHIND_SPAN_NS and newest > p1 and wait > BEHIND_NS \
+            and 2 * lo >= max(d1, d2):
+        x = h0
+        while x >= 0:
+            if x > p1:
+                BUSY[x & rmask] = max(BUSY[x & rmask], min(TSR[x & rmask] + wait, s2))
+            if x == newest:
+                break
+            x = NXT[x & rmask]
+    CS[e, CS_PT] = s2
+    CS[e, CS_PA] = TSR[newest & rmask]
+    CS[e, CS_PR] = newest
 
 
 @njit(cache=True, inline="always")
@@ -366,6 +409,8 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 CS[e, CS_HEAD] = h
                 if h < 0:
                     CS[e, CS_TAIL] = -1
+                if sack[i] == 0 and newest >= 0 and CS[e, CS_LAG] >= 0:
+                    _backlog(CS, e, t - CS[e, CS_LAG], newest, h0, NXT, TSR, BUSY, rmask)
                 if sack[i] == 0 and CS[e, CS_LAG] >= 0:
                     sent = t - CS[e, CS_LAG]  # the receiver sent it no later than this
                     while h >= 0:
@@ -476,7 +521,7 @@ class AckEvidence:
         self._CK = lazy_zeros(2 * size, np.uint64)
         self._CU = lazy_zeros(2 * size, np.uint8)
         self._CI = lazy_zeros(2 * size, np.int64)
-        self._CS = lazy_zeros((2 * size, 9), np.int64)  # rows dense per generation: p * size on
+        self._CS = lazy_zeros((2 * size, NCS), np.int64)  # rows dense per generation: p * size on
         ring = 1 << max(16, (4 * self.window - 1).bit_length())  # a waiting segment is at most 2 windows back
         self._FLAG = lazy_zeros(ring, np.uint8)  # rings by row: every row not yet taken
         self._PREV = lazy_zeros(ring, np.int64)

@@ -100,7 +100,10 @@ def _definition(pb, window: int, max_ns: int) -> list[int]:
     the covered ones (its lag to the newest of them is a sample of the shortest lag) and, without a SACK block,
     the ones sent more than ``max_ns`` before it, then gives the rest its time less the shortest lag (none
     before a first lag, nor after the direction was silent for ``max_ns``); segments more than ``window`` rows
-    back are dropped."""
+    back are dropped. The backlog estimate (evidence module doc): such an ACK without SACK and the previous one
+    of its direction, at most BEHIND_SPAN_NS apart, whose delays (time less lag less the arrival of the last
+    segment covered) agree within a factor of two and less BEHIND_MARGIN_NS exceed BEHIND_NS, give each segment
+    covered after the previous one's last its arrival plus that wait (at most the ACK's time less the lag)."""
     n = len(pb)
     tcp = ((pb.l4_proto == 6) & (pb.l4_off >= 0) & np.isin(pb.ip_version, (4, 6))).tolist()
     key = [(int(v), bytes(s), bytes(d), int(a), int(b)) for v, s, d, a, b in
@@ -134,6 +137,19 @@ def _definition(pb, window: int, max_ns: int) -> list[int]:
                     lag = ts[r] - ts[covered[-1]]
                     if lag >= 0 and (d["lag"] is None or lag < d["lag"]):
                         d["lag"] = lag
+                if covered and nosack[r] and d["lag"] is not None:
+                    # the backlog estimate: this ACK and the previous such one both show the receiver well behind
+                    s2, last = ts[r] - d["lag"], covered[-1]
+                    if d["prev"] is not None:
+                        s1, a1, p1 = d["prev"]
+                        d1, d2 = s1 - a1, s2 - ts[last]
+                        wait = min(d1, d2) - evidence.BEHIND_MARGIN_NS
+                        if s1 < s2 <= s1 + evidence.BEHIND_SPAN_NS and last > p1 and wait > evidence.BEHIND_NS \
+                                and 2 * min(d1, d2) >= max(d1, d2):
+                            for x in covered:
+                                if x > p1:
+                                    out[x] = max(out[x], min(ts[x] + wait, s2))
+                    d["prev"] = (s2, ts[last], last)
                 d["wait"] = d["wait"][len(covered):]
                 if nosack[r]:
                     while d["wait"] and ts[r] - ts[d["wait"][0]] > max_ns:
@@ -142,7 +158,8 @@ def _definition(pb, window: int, max_ns: int) -> list[int]:
                         for x in d["wait"]:
                             out[x] = ts[r] - d["lag"]
         if plen[r] > 0:
-            d = st.setdefault(key[r], {"wait": [], "ack": None, "lag": None, "last_t": None, "taken": None})
+            d = st.setdefault(key[r], {"wait": [], "ack": None, "lag": None, "last_t": None, "taken": None,
+                                       "prev": None})
             expire(d, r)
             if d["last_t"] is not None and ts[r] - d["last_t"] > max_ns:
                 d["lag"] = None
@@ -169,6 +186,21 @@ def test_busy_times_are_the_definition_on_kernel_sender_captures(path):
     assert sum(v > 0 for v in want) > 20  # the receivers were busy now and then
     for batch in (13, 1 << 16):
         assert _scan(path, batch) == want, batch
+
+
+def test_the_backlog_estimate_acts_on_kernel_captures(monkeypatch):
+    """The definition test above covers the backlog estimate: on two of its captures (the receiver well behind
+    between ACKs) the estimate gives rows busy times they would not have had, and only later ones."""
+    changed = {}
+    for path in SENDERS:
+        pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 20))))
+        with_estimate = _definition(pb, evidence.WINDOW, evidence.BUSY_MAX_NS)
+        with monkeypatch.context() as m:
+            m.setattr(evidence, "BEHIND_NS", 10**15)
+            without = _definition(pb, evidence.WINDOW, evidence.BUSY_MAX_NS)
+        assert all(a >= b for a, b in zip(with_estimate, without, strict=True))
+        changed[path.name] = sum(a != b for a, b in zip(with_estimate, without, strict=True))
+    assert changed["v4_185000.snd.pcap"] > 10 and changed["v6_80000.snd.pcap"] > 100, changed
 
 
 @pytest.mark.parametrize("seed", range(3))
