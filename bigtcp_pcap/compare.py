@@ -320,12 +320,13 @@ ACK or gap in the sender's capture shows); 50 us and more, it was behind (full 6
 their phase kept only where the ACKs show it)."""
 
 
-def _delays(kernel: list, kernel_ts: np.ndarray, times: dict[bytes, list[int]]) -> np.ndarray:
-    """Per receiver super-packet: its capture time less that of the sender's segment ending where it ends (the
-    last copy sent before it, else the first); -1 where the sender's capture has no such segment."""
-    out = np.full(len(kernel), -1, np.int64)
-    for i, ((fl, s, ln), t) in enumerate(zip(kernel, kernel_ts.tolist(), strict=True)):
-        sent = times.get(fl + ((s + ln) & 0xFFFFFFFF).to_bytes(4, "little"))
+def _delays(ends: np.ndarray, kernel_ts: np.ndarray, times: dict[bytes, list[int]]) -> np.ndarray:
+    """Per receiver super-packet (its ``_end_keys`` key and capture time): that time less the time of the sender's
+    segment ending where it ends (the last copy sent before it, else the first); -1 where the sender's capture
+    has no such segment."""
+    out = np.full(len(ends), -1, np.int64)
+    for i, (key, t) in enumerate(zip(ends.tolist(), kernel_ts.tolist(), strict=True)):
+        sent = times.get(bytes(key))
         if sent:
             before = [x for x in sent if x <= t]
             out[i] = t - (before[-1] if before else sent[0])
@@ -359,12 +360,19 @@ def _covers(span: tuple[int, int], ranges: list[tuple[int, int]]) -> bool:
     return pos == span[1]
 
 
-def _match(rcv_pb: PacketBatch, sim: SuperPacketBatch, keys: np.ndarray) -> tuple[int, dict, dict, list]:
-    """(reproduced, kernel-only rows by flow, rebuilt-only rows by flow, kernel rows) as multisets."""
+def _kernel_rows(rcv_pb: PacketBatch) -> tuple[list, np.ndarray, np.ndarray]:
+    """The receiver's super-packets: (flow key, raw sequence number, payload length) of each TCP data row, their
+    (flow, end) keys (``_end_keys``) and which rows of ``rcv_pb`` they are (a mask)."""
     rfid, rkeys = _flow_ids(rcv_pb)
     m = (rfid >= 0) & (rcv_pb.tcp_payload_len > 0)
     kernel = list(zip(_key_of(rkeys, rfid[m]), rcv_pb.tcp_seq[m].tolist(), rcv_pb.tcp_payload_len[m].tolist(),
                       strict=True))
+    return kernel, _end_keys(rkeys[rfid[m]], rcv_pb.tcp_seq[m], rcv_pb.tcp_payload_len[m]), m
+
+
+def _match(kernel: list, sim: SuperPacketBatch, keys: np.ndarray) -> tuple[int, dict, dict]:
+    """(reproduced, kernel-only rows by flow, rebuilt-only rows by flow) as multisets (``kernel``:
+    ``_kernel_rows``)."""
     names = sim.reason_labels()
     simrows = list(zip(_key_of(keys, sim.flow_id), sim.seq_first.tolist(), sim.payload_len.tolist(), strict=True))
     ck, cs = collections.Counter(kernel), collections.Counter(simrows)
@@ -378,7 +386,7 @@ def _match(rcv_pb: PacketBatch, sim: SuperPacketBatch, keys: np.ndarray) -> tupl
         if left[(fl, s, ln)] > 0:
             left[(fl, s, ln)] -= 1
             s_only[fl].append((s, ln, why))
-    return sum(both.values()), k_only, s_only, kernel
+    return sum(both.values()), k_only, s_only
 
 
 def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroConfig | None = None,
@@ -397,15 +405,13 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
     rcv = _load(receiver, errors)
     mac, addrs, host = _receiving_host(rcv)
     rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))
-    rfid, rkeys = _flow_ids(rcv_in)
-    m = (rfid >= 0) & (rcv_in.tcp_payload_len > 0)
+    kernel, ends, m = _kernel_rows(rcv_in)
     times: dict[bytes, list[int]] = {}
-    wanted = np.unique(_end_keys(rkeys[rfid[m]], rcv_in.tcp_seq[m], rcv_in.tcp_payload_len[m]))
-    sim, keys = rebuild(sender, cfg, mac, addrs, errors, end_times=(wanted, times))
-    reproduced, k_only, s_only, kernel = _match(rcv_in, sim, keys)
+    sim, keys = rebuild(sender, cfg, mac, addrs, errors, end_times=(np.unique(ends), times))
+    reproduced, k_only, s_only = _match(kernel, sim, keys)
     causes, sim_causes, row_cause = _classify(k_only, s_only)
     rows = _rows(kernel, k_only, s_only, row_cause)
-    delay = _delays(kernel, rcv_in.ts_ns[m], times)
+    delay = _delays(ends, rcv_in.ts_ns[m], times)
     rows["delay_ns"] = delay.tolist() + [-1] * (len(rows["side"]) - len(kernel))
     res = Comparison(sender=str(sender), receiver=str(receiver), config=cfg, receiver_host=host,
                      receiver_superpackets=len(kernel), rebuilt_superpackets=len(sim), reproduced=reproduced,
@@ -414,14 +420,14 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
                      rows=rows, errors=[e.one_line() for e in errors],
                      by_delivery_delay=_by_delay(delay, np.array(rows["matched"][:len(kernel)], bool)))
     if fit:
-        res.fit = _fit(sender, cfg, mac, addrs, rcv_in, len(kernel))
+        res.fit = _fit(sender, cfg, mac, addrs, kernel)
     if outdir is not None:
         _write(Path(outdir), res)
     return res
 
 
-def _fit(sender: str | os.PathLike, cfg: GroConfig, mac: bytes | None, addrs: Any, rcv_in: PacketBatch,
-         n_kernel: int) -> list[dict[str, Any]]:
+def _fit(sender: str | os.PathLike, cfg: GroConfig, mac: bytes | None, addrs: Any,
+         kernel: list) -> list[dict[str, Any]]:
     """``--fit``: the rebuild over the poll gaps of FIT_POLL_GAP_US (push gap as configured), then over the push
     gaps of FIT_PUSH_GAP_US at the best of those poll gaps; one entry per rebuild, in that order."""
     out: list[dict[str, Any]] = []
@@ -429,9 +435,9 @@ def _fit(sender: str | os.PathLike, cfg: GroConfig, mac: bytes | None, addrs: An
     def run(gap: float, push: float) -> None:
         c2 = dataclasses.replace(cfg, poll_gap_us=gap, poll_push_gap_us=push)
         sim2, keys2 = rebuild(sender, c2, mac, addrs, [])  # (a fault: reported once, by the first rebuild)
-        rep2 = _match(rcv_in, sim2, keys2)[0]
+        rep2 = _match(kernel, sim2, keys2)[0]
         out.append({"poll_gap_us": gap, "poll_push_gap_us": "inf" if math.isinf(push) else push,
-                    "reproduced": rep2, "share": round(rep2 / n_kernel, 6) if n_kernel else 1.0,
+                    "reproduced": rep2, "share": round(rep2 / len(kernel), 6) if kernel else 1.0,
                     "options": f"--poll-gap-us {gap:g} --poll-push-gap-us {push:g}"})
 
     for gap in FIT_POLL_GAP_US:
@@ -503,8 +509,7 @@ def _write(out: Path, res: Comparison) -> None:
                        metadata={"bigtcp_pcap.compare": json.dumps({k: v for k, v in res.to_json().items()
                                                                      if k not in ("flows",)})})
     rows = dict(res.rows)
-    delay = rows.get("delay_ns", [])
-    d = np.array(delay, np.int64)
+    d = np.array(rows["delay_ns"], np.int64)
     rows["delay_ns"] = pa.array(d, pa.int64(), mask=d < 0)
     table = pa.table(rows, schema=schema)
     tmp = out / "compare.parquet.tmp"

@@ -29,9 +29,8 @@ Between two such ACKs the receiver's backlog is estimated where both show it wel
 less ``BEHIND_MARGIN_NS`` (the ACK's own way, the stack's processing); when that is more than ``BEHIND_NS``, the
 two delays agree within a factor of two and the ACKs are at most ``BEHIND_SPAN_NS`` apart, each segment the
 second one covers is taken to have waited that long after it arrived, and its busy time is at least that (never
-past the second ACK). A receiver
-that is behind runs full polls back to back across the sender's gaps, and one flow's ACKs come every few hundred
-microseconds there (README, "What the mixed pairs' misses are").
+past the second ACK). A receiver that is behind runs full polls back to back across the sender's gaps, and one
+flow's ACKs come every few hundred microseconds there (README, "What the mixed pairs' misses are").
 The receiver's SACKs also show segments that reached it after later data (``move``: fed where it got them) and
 segments that never reached it (``LOST``: sent again after the SACKs showed the hole; left out of the rebuild).
 Sans-IO: batches in, flagged batches out, the window held.
@@ -133,7 +132,7 @@ def _new_row(CK, CU, CI, BST, slot, k, here):
 # waiting segments are marked lost, and of the last advancing ACK without SACK (``_backlog``): when the receiver
 # sent it, the arrival and the row of the last segment it covered
 CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_NLOST, CS_PT, CS_PA, CS_PR = range(12)
-NCS = 12
+NCS = CS_PR + 1  # CS's columns
 BEHIND_NS = 50_000
 """The backlog estimate's threshold: the wait both ACKs show is more than this (``_backlog``)."""
 BEHIND_MARGIN_NS = 30_000
@@ -177,9 +176,10 @@ def _expire(CS, NXT, MOVE, e, r, window, rmask):
 
 @njit(cache=True, inline="always")
 def _backlog(CS, e, s2, newest, h0, NXT, TSR, BUSY, rmask):
-    """An advancing ACK without SACK, sent at ``s2``, covers the waiting segments from ``h0`` to ``newest``. When it and the previous such ACK both show the receiver well behind (module
-    doc), the segments after the previous one's last get busy times of their arrival plus the wait (the smaller
-    delay less ``BEHIND_MARGIN_NS``), at most ``s2``. Then this ACK becomes the previous one."""
+    """An advancing ACK without SACK, sent at ``s2``, covers the waiting segments from ``h0`` to ``newest``. When
+    it and the previous such ACK both show the receiver well behind (module doc), the segments after the previous
+    one's last get busy times of their arrival plus the wait (the smaller delay less ``BEHIND_MARGIN_NS``), at
+    most ``s2``. Then this ACK becomes the previous one."""
     s1 = CS[e, CS_PT]
     p1 = CS[e, CS_PR]
     d1 = s1 - CS[e, CS_PA]
@@ -409,10 +409,10 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 CS[e, CS_HEAD] = h
                 if h < 0:
                     CS[e, CS_TAIL] = -1
-                if sack[i] == 0 and newest >= 0 and CS[e, CS_LAG] >= 0:
-                    _backlog(CS, e, t - CS[e, CS_LAG], newest, h0, NXT, TSR, BUSY, rmask)
                 if sack[i] == 0 and CS[e, CS_LAG] >= 0:
                     sent = t - CS[e, CS_LAG]  # the receiver sent it no later than this
+                    if newest >= 0:
+                        _backlog(CS, e, sent, newest, h0, NXT, TSR, BUSY, rmask)
                     while h >= 0:
                         BUSY[h & rmask] = sent
                         h = NXT[h & rmask]

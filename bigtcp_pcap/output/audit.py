@@ -2,7 +2,7 @@
 
 ``analyze`` writes the rows batch by batch as the audits judge them (``merged_rows``): in frame order, and a
 frame's rows in the order the expressions were given, so the table does not depend on where batches begin and a
-split run's parts concatenate into the serial run's table. ``audit_rows`` writes one finished ``AuditResult``'s.
+split run's parts concatenate into the serial run's table.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from . import arrow as A
 
 _INT32 = pa.int32()
 
-AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.dictionary(pa.int32(), pa.string())),
+AUDIT_SCHEMA = pa.schema([("frame", pa.uint64()), ("filter", pa.dictionary(_INT32, pa.string())),
                           ("verdict", pa.dictionary(pa.int8(), pa.string())),
                           ("reason", pa.dictionary(pa.int8(), pa.string()))])
 
