@@ -214,6 +214,13 @@ def peer_rehash(K, V, PK, PV, PU):
         PV[j] = V[r]
 
 
+def interface_labels(n: int) -> list[str]:
+    """Receiver names when each capture interface is one receiver (no ``Receivers``: the engines' default
+    receiver index is the frame's pcapng interface id), for interfaces 0 to n - 1: a single-interface capture
+    has the one "capture interface"."""
+    return ["capture interface"] + [f"capture interface {i}" for i in range(1, n)]
+
+
 def _label(key: bytes) -> str:
     kind, a, b, if_id = np.frombuffer(key, np.uint64).tolist()
     where = f" (interface {if_id})" if if_id else ""

@@ -34,7 +34,7 @@ from ..capture.reader import RecordBatch
 from ..decode.schema import PacketBatch
 from .config import GroConfig
 from .evidence import LOST, AckEvidence
-from .receivers import Receivers
+from .receivers import Receivers, interface_labels
 from .superpacket import SuperPacketBatch
 
 
@@ -49,6 +49,7 @@ class GroStage:
         self.receivers = Receivers()
         self._evidence = AckEvidence() if config.ack_evidence else None
         self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
+        self._interfaces = 1  # without split_receivers: capture interfaces seen (the receiver is the interface)
         self._carry: list[tuple] = []  # late segments waiting for the batch that holds the row they go after,
         # each a one-row (key, PacketBatch, fid, rx, acked, busy) group (``_take``)
         self.late_segments = 0  # segments fed where the receiver got them (after later data), so far
@@ -58,10 +59,12 @@ class GroStage:
     @property
     def labels(self) -> list[str]:
         """Receiver names, indexed by a row's ``receiver``."""
-        return self.receivers.labels if self.config.split_receivers else ["capture interface"]
+        return self.receivers.labels if self.config.split_receivers else interface_labels(self._interfaces)
 
     def feed(self, rb: RecordBatch, pb: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
         rx = self.receivers.assign(rb, pb) if self.config.split_receivers else None
+        if rx is None and len(pb):
+            self._interfaces = max(self._interfaces, int(pb.if_id.max()) + 1)
         self.last_receivers = rx
         if self._evidence is None:
             return self.engine.feed(pb, flow_id, receiver=rx)

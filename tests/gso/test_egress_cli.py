@@ -149,3 +149,39 @@ def test_udp_gso_is_not_a_drop_and_every_frame_is_counted(tmp_path):
     vx = bigtcp_pcap.egress(KERNEL / "linktypes" / "vxlan.snd.pcap", outdir=tmp_path / "v")
     assert sum(vx.summary["inputs_by_action"].values()) == vx.summary["frames_in"] > 600
     assert vx.summary["inputs_without_tcp_flow"] > 0
+
+
+def test_then_gro_on_a_pcapng_of_two_link_types_one_receiver_per_interface(tmp_path):
+    """A pcapng whose interfaces have different link types (mergecap of a kernel Ethernet sender capture and a
+    kernel SLL2 capture): --then-gro, and analyze --no-split-receivers, model one receiver per capture interface
+    (the engines' default receiver) and name each. Both ended in a traceback (a receiver index past the one
+    "capture interface" label). Each interface's rows equal those of its part analysed alone."""
+    import shutil
+
+    from oracle import KERNEL
+
+    if shutil.which("mergecap") is None:
+        pytest.skip("mergecap (Wireshark) is not installed (the README's test command installs it)")
+    eth = tmp_path / "eth.pcap"
+    eth.write_bytes(lzma.decompress((EGRESS_DIR / "v6_gso65536.a0.pcap.xz").read_bytes()))
+    sll2 = KERNEL / "linktypes" / "sll2_v6_185000.rcv.pcap"
+    both = tmp_path / "both.pcapng"
+    subprocess.run(["mergecap", "-F", "pcapng", "-w", str(both), str(eth), str(sll2)], check=True,
+                   capture_output=True)
+
+    def rows(sp):
+        return collections.Counter(zip(sp.sport.astype(int), sp.dport.astype(int), sp.seq_first.astype(int),
+                                       sp.payload_len.astype(int), sp.n_segments.astype(int)))
+
+    for cmd in (["egress", "--then-gro"], ["analyze", "--no-split-receivers", "--no-audit"]):
+        out = {}
+        for name, cap in (("both", both), ("eth", eth), ("sll2", sll2)):
+            r = cli(*cmd[:1], str(cap), "-o", str(tmp_path / f"{cmd[0]}_{name}"), *cmd[1:])
+            assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+            out[name] = pq.read_table(tmp_path / f"{cmd[0]}_{name}" / "superpackets.parquet").to_pandas()
+        got = out["both"]
+        assert set(got.receiver.astype(str)) == {"capture interface", "capture interface 1"}, cmd
+        # mergecap numbers the interfaces in the order of its inputs
+        for label, part in (("capture interface", "eth"), ("capture interface 1", "sll2")):
+            want = rows(out[part])
+            assert sum(want.values()) > 5 and rows(got[got.receiver.astype(str) == label]) == want, (cmd, label)
