@@ -28,6 +28,7 @@ import typer
 from rich.console import Console
 
 from .buffers import tune_malloc
+from .capture.source import waiting_on_live_input
 from .cli_options import config_options
 from .errors import BigtcpError, Interrupted, UsageError
 from .gro.config import GroConfig
@@ -66,12 +67,14 @@ def _stop_on_signals():
     """SIGINT / SIGTERM end a run at the next batch boundary, so that every table is finished (marked partial).
 
     Yields (progress check, signals received). The check, called by ``analyze`` after each batch, raises
-    ``Interrupted``; a second signal (a run blocked on a silent stdin) raises at once.
+    ``Interrupted``; a second signal, or one that comes while the run waits on a live input (a quiet pipe:
+    ``waiting_on_live_input``), raises at once.
     """
     got: list[int] = []
 
     def handler(signum, _frame) -> None:
-        if got:
+        if got or waiting_on_live_input():  # (a quiet pipe: no batch boundary may come)
+            got.append(signum)
             raise Interrupted(signum)
         got.append(signum)
 

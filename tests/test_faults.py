@@ -272,6 +272,47 @@ def test_interrupt_finishes_every_table_marked_partial(tmp_path, sig):
     assert "capture.interrupted" in codes
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_on_a_quiet_pipe_ends_at_once_with_every_frame(tmp_path, sig):
+    """A live capture that goes quiet (``tcpdump -w - |`` on an idle link): the frames that came are analysed
+    before more arrive (a pipe is read as the bytes come, not a buffer's worth at a time), and one SIGINT /
+    SIGTERM ends the run while it waits. It waited for the writer to send more or close: the run only ended
+    when the writer did (the pipe stays open here until the run has ended)."""
+    want = len(read_pcap_records(SND))
+    out = tmp_path / "out"
+    p = subprocess.Popen([*CLI, "analyze", "-", "-o", str(out), "--packets", "--no-progress"], stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        p.stdin.write(SND.read_bytes())  # every frame, then nothing (the pipe stays open)
+        p.stdin.flush()
+        # the frames are analysed while the pipe is open: the flow table writes its rows at the end only, but the
+        # packets table's row groups stream (its temporary file grows)
+        deadline = time.time() + 60
+        while time.time() < deadline and not (out.exists() and any(out.glob(".packets.parquet.*.tmp"))):
+            time.sleep(0.1)
+        time.sleep(2.0)
+        p.send_signal(sig)
+        rc = p.wait(timeout=30)  # (before the fix: until the writer closed the pipe)
+        err = p.stderr.read().decode()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdin.close()
+    assert rc == 128 + sig, err
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert f"interrupted by {sig.name}" in line and f"frames 1-{want}" in line, line
+    assert pq.read_table(out / "packets.parquet").num_rows == want
+    assert read_metadata(out / "flows.parquet")["partial"] is True
+    # every frame came: the flows and super-packets are those of the whole file
+    full = tmp_path / "full"
+    assert cli("analyze", SND, "-o", full, "--no-progress").returncode in (0, 1)
+    for name, cols in (("flows", ["src", "dst", "sport", "dport", "packets", "payload_bytes", "superpackets"]),
+                       ("superpackets", ["sport", "dport", "seq_first", "payload_len", "n_segments", "poll_end"])):
+        got, ref = (pq.read_table(d / f"{name}.parquet").to_pandas()[cols].astype(str).sort_values(cols)
+                    .reset_index(drop=True) for d in (out, full))
+        assert len(ref) > 2 and got.equals(ref), name
+
+
 def test_sidecar_from_stdin_is_a_usage_error_before_any_work(tmp_path):
     # the sidecar is matched to a capture file by name and size: from a stream it raised a ValueError traceback
     # after the tables were written

@@ -140,6 +140,8 @@ class CaptureReader:
         # decompressors raise at a corrupt point and drop what they decoded in that call: read small steps
         step = 1 << 16 if self.src.compression else 0
         while have < size and not self._eof:
+            if have >= need and self.src.live and self.src.idle():
+                break  # a live input that has paused: hand out what came (a buffer's worth may take long)
             try:
                 got = self.src.stream.readinto(mv[have:have + step] if step else mv[have:])
             except self.src.stream_errors as e:  # corrupt or truncated compressed stream
