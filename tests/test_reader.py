@@ -16,6 +16,7 @@ import zstandard
 from oracle import (
     KERNEL,
     ROOT,
+    pcapng_block,
     pcapng_epb,
     pcapng_idb,
     pcapng_pb,
@@ -125,6 +126,32 @@ def test_pcapng_sections_interfaces_and_blocks_match_tshark(tmp_path):
     assert got[1][4] == 1_700_000_002 * 10**9
     tcp = [int(r["tcp.len"]) if r["tcp.len"] else 0 for r in rows]
     assert got[7].tolist() == tcp
+
+
+def test_blocks_wireshark_numbers_as_frames_keep_frame_numbers_equal(tmp_path):
+    """A systemd Journal Export Block and the two Custom Blocks (copyable 0x00000BAD, not copyable 0x40000BAD)
+    hold no packet, but Wireshark numbers each as a frame: ``frame`` stays equal to tshark's frame.number for
+    every packet after them (it was one less per such block), and the capture counts them. A Decryption Secrets
+    Block and an unknown block are no frames (numbering unchanged)."""
+    recs = read_pcap_records(RCV)[:12]
+    journal = pcapng_block(9, b"__REALTIME_TIMESTAMP=1700000000000000\nMESSAGE=x\n\n\x00\x00")
+    cb_copy = pcapng_block(0x00000BAD, (32473).to_bytes(4, "little") + b"custom!!")  # PEN 32473: documentation
+    cb_nocopy = pcapng_block(0x40000BAD, (32473).to_bytes(4, "little") + b"private!")
+    dsb = pcapng_block(10, (0x544C534B).to_bytes(4, "little") + (8).to_bytes(4, "little") + b"CLIENT_R")
+    unknown = pcapng_block(0x99, b"\x00" * 4)
+    extra = {2: [journal], 5: [cb_copy, dsb], 8: [cb_nocopy, unknown, cb_copy]}  # before packet i
+    parts = [pcapng_shb(), pcapng_idb(1, 0, tsresol=9)]
+    for i, (d, w) in enumerate(recs):
+        parts += extra.get(i, [])
+        parts.append(pcapng_epb(0, 1_700_000_000 * 10**9 + i * 1000, d, w))
+    p = tmp_path / "blocks.pcapng"
+    p.write_bytes(b"".join(parts))
+    reader = CaptureReader(p)
+    frames = [int(f) for rb in reader for f in rb.frame]
+    assert reader.info.packets == 12 and reader.info.frame_blocks == 4
+    rows = tshark_fields(p, ["frame.number", "frame.len"], display_filter="eth")
+    assert frames == [int(r["frame.number"]) for r in rows]
+    assert frames == list(range(1, 3)) + list(range(4, 7)) + list(range(8, 11)) + list(range(13, 17))
 
 
 def test_stdin_pipe():

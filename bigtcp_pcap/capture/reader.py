@@ -98,6 +98,7 @@ class CaptureInfo:
     snaplens: set[int] = field(default_factory=set)
     linktypes: set[int] = field(default_factory=set)
     packets: int = 0
+    frame_blocks: int = 0  # pcapng blocks that hold no packet but are frames to Wireshark (``walk.FRAME_BLOCK``)
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
     min_ts_ns: int | None = None  # the earliest and latest timestamps (records need not be in time order:
@@ -308,6 +309,10 @@ class CaptureReader:
             self._note_undefined_interfaces(stats)
             at = self._base + rec
             if status == walk.FULL:
+                continue
+            if status == walk.FRAME_BLOCK:  # no packet, but a frame in Wireshark: frame numbers stay Wireshark's
+                self._frame += 1
+                self.info.frame_blocks += 1
                 continue
             if status == walk.STOP_BLOCK:
                 # SHB or IDB: parse it where it lies (refilling only when it is not wholly buffered: a refill

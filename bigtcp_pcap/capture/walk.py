@@ -12,9 +12,12 @@ import numpy as np
 
 from .._native import njit
 
-OK, NEED, STOP_BLOCK, BAD_CAPLEN, BAD_BLOCK_LEN, BAD_TRAILER, BAD_IF, BAD_EPB_LEN, FULL = range(9)
+OK, NEED, STOP_BLOCK, BAD_CAPLEN, BAD_BLOCK_LEN, BAD_TRAILER, BAD_IF, BAD_EPB_LEN, FULL, FRAME_BLOCK = range(10)
 
 PCAPNG_SHB, PCAPNG_IDB, PCAPNG_PB, PCAPNG_SPB, PCAPNG_EPB = 0x0A0D0D0A, 1, 2, 3, 6
+# blocks that are no packet but that Wireshark shows as a frame of their own (frame.number counts them): the
+# systemd Journal Export Block and the two Custom Blocks (copyable, not copyable)
+PCAPNG_JOURNAL, PCAPNG_CB_COPY, PCAPNG_CB_NOCOPY = 9, 0x00000BAD, 0x40000BAD
 
 
 # Reads use an unsigned index: numba wraps negative signed indices around, which costs a compare and select per
@@ -135,7 +138,8 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
                 off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags, stats):
     """pcapng packet blocks (EPB, SPB, obsolete PB); other unknown blocks are skipped.
 
-    Stops with STOP_BLOCK at an SHB or IDB (the caller parses it and calls again). Returns like walk_pcap.
+    Stops with STOP_BLOCK at an SHB or IDB (the caller parses it and calls again), and with FRAME_BLOCK past a
+    block Wireshark numbers as a frame though it holds no packet (journal export, custom blocks). Returns like walk_pcap.
     A caplen above the interface's snaplen is read whole (as Wireshark does; the caller notes it); only one
     above ``max_caplen`` is corrupt. A packet block naming an interface no IDB defined is skipped and counted
     in ``stats`` (one interface's problem does not stop the others). ``flags`` gets each EPB's epb_flags.
@@ -159,6 +163,8 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
             return n, pos, NEED, blen
         if np.int64(rd32(data, pos + blen - 4, be)) != blen:
             return n, pos, BAD_TRAILER, blen
+        if btype == PCAPNG_JOURNAL or btype == PCAPNG_CB_COPY or btype == PCAPNG_CB_NOCOPY:
+            return n, pos + blen, FRAME_BLOCK, 0  # (the caller numbers it as a frame, after the n packets)
         if btype == PCAPNG_EPB or btype == PCAPNG_PB:
             if blen < 32:
                 return n, pos, BAD_EPB_LEN, blen
