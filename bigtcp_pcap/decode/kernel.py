@@ -785,8 +785,9 @@ def _tcp(buf, l4, end, l4_true, i, o8, o16, o32, o64, oi8, f_row, f_code, f_val,
 
 
 @njit(cache=True, inline="always")
-def _udp(buf, l4, end, l4_true, l4_claim, i, o16, o32, f_row, f_code, f_val, nf, nfi):
-    """The UDP header at l4. Returns (status, UDP length or -1 when truncated, destination port, nf, nfi)."""
+def _udp(buf, l4, end, l4_true, l4_claim, first_fragment, i, o16, o32, f_row, f_code, f_val, nf, nfi):
+    """The UDP header at l4. Returns (status, UDP length or -1 when truncated, destination port, nf, nfi). In an
+    IPv4 first fragment the UDP length is the whole datagram's: only one shorter than the fragment is wrong."""
     if l4 + 8 > end:
         if l4 + 4 <= end:
             o16[U16_SPORT, i] = be16(buf, l4)
@@ -798,7 +799,7 @@ def _udp(buf, l4, end, l4_true, l4_claim, i, o16, o32, f_row, f_code, f_val, nf,
     ulen = np.int64(be16(buf, l4 + 4))
     if ulen == 0:
         ulen = l4_true  # RFC 2675 section 4: UDP length 0 in a jumbogram
-    elif ulen != l4_claim:
+    elif ulen != l4_claim and not (first_fragment and ulen > l4_claim):
         nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.UDP_BAD_LENGTH, ulen)
     o32[U32_UDP_LEN, i] = ulen
     return np.int64(0), ulen, dp, nf, nfi
@@ -913,10 +914,10 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 status |= st
                 break
             elif l4_proto == 17:
-                st, ulen, dp, nf, nfi = _udp(buf, l4, end, l4_true, max(q + claim - l4, 0), i, o16, o32,
-                                             f_row, f_code, f_val, nf, nfi)
+                st, ulen, dp, nf, nfi = _udp(buf, l4, end, l4_true, max(q + claim - l4, 0), frag == FRAG_FIRST, i,
+                                             o16, o32, f_row, f_code, f_val, nf, nfi)
                 status |= st
-                if ulen < 0 or frag != FRAG_NONE or depth >= MAX_DEPTH or (dp != VXLAN_PORT and dp != GENEVE_PORT and dp != GRE_UDP_PORT):
+                if ulen < 0 or depth >= MAX_DEPTH or (dp != VXLAN_PORT and dp != GENEVE_PORT and dp != GRE_UDP_PORT):
                     break
                 etype, pos, code, trunc = _udp_tunnel(buf, l4, end, dp)
                 if trunc:
@@ -924,7 +925,9 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     break
                 if code == TUNNEL_NONE:
                     break
-                lim = min(lim, l4 + ulen)
+                # the inner frame ends where the datagram does: in a first fragment that is past this frame (as
+                # past a snaplen cut), and the inner lengths are the true ones
+                lim = l4 + ulen if frag == FRAG_FIRST else min(lim, l4 + ulen)
             elif (l4_proto == 4 or l4_proto == 41 or l4_proto == 47) and frag != FRAG_LATER and depth < MAX_DEPTH:
                 if l4_proto == 47:
                     etype, pos, code, trunc = _gre(buf, l4, end)
