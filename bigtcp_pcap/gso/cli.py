@@ -157,6 +157,8 @@ def explode_cmd(
                                             "the option bytes, else from --mtu)")] = None,
     mtu: Annotated[int, typer.Option(help="MTU used for the segment size of flows without a SYN")] = 1500,
     as_json: Annotated[bool, typer.Option("--json", help="print the counts as one JSON document")] = False,
+    pcapng: Annotated[bool | None, typer.Option("--pcapng/--pcap", help="output format (default: pcapng when OUT "
+                                                "ends in .pcapng, else pcap; stdout: pcap)")] = None,
 ) -> None:
     """Rewrite super-packets into the wire-sized packets they stand for, for tools that choke on them.
 
@@ -168,7 +170,7 @@ def explode_cmd(
     from .explode import explode
 
     try:
-        res = explode(capture, dest, mss=mss, mtu=mtu)
+        res = explode(capture, dest, mss=mss, mtu=mtu, pcapng=pcapng)
     except (ProfileError, ValueError) as e:
         raise _fail(str(e), EXIT_USAGE) from None
     except CaptureError as e:

@@ -74,13 +74,14 @@ class _Writer:
         """Write what must precede these records: the pcap header, or an IDB per new interface."""
         if not self.pcapng:
             lts = set(np.unique(linktype).tolist())
+            first = self.linktype if self.linktype is not None else int(linktype[0]) if len(linktype) else 1
+            if lts - {first}:  # (checked before the header: a first batch that mixes them writes nothing)
+                raise ProfileError(f"the capture mixes link types {sorted(lts | {first})}: a pcap file holds one; "
+                                   "write pcapng instead (OUT ending in .pcapng, or --pcapng)")
             if self.linktype is None:
-                self.linktype = int(linktype[0]) if len(linktype) else 1
+                self.linktype = first
                 self.snaplen = snaplen
                 self.f.write(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, snaplen, self.linktype))
-            if lts - {self.linktype}:
-                raise ProfileError(f"the capture mixes link types {sorted(lts | {self.linktype})}: a pcap file "
-                                   "holds one; write .pcapng instead")
             return
         # interfaces by (id, link type): ids restart at 0 in each section of a multi-section pcapng
         for i, lt in sorted(set(zip(if_id.tolist(), linktype.tolist()))):

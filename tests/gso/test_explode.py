@@ -239,3 +239,29 @@ def test_out_may_be_a_fifo_a_symlink_or_stdout(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bigtcp_pcap.cli", "explode", str(src), "-", "--json"],
                        capture_output=True, timeout=120, check=False)
     assert r.returncode == 0 and r.stdout == want and b'"frames_out"' in r.stderr  # the counts on stderr
+
+
+def test_mixed_link_types_to_stdout_write_nothing_as_pcap_and_all_as_pcapng(tmp_path):
+    # two link types cannot go into one pcap file: the refusal wrote the pcap header to stdout first, and stdout
+    # had no way to ask for pcapng. One section, an Ethernet and a raw-IP interface, their frames interleaved
+    from oracle import pcapng_epb, pcapng_idb, pcapng_shb, read_pcap_records
+
+    eth = read_pcap_records(KERNEL / "v4_65536.rcv.pcap")[:40]
+    raw = read_pcap_records(KERNEL / "linktypes" / "tun_raw.rcv.pcap")[:40]
+    blocks = [pcapng_shb(), pcapng_idb(1, 0, tsresol=9), pcapng_idb(101, 0, tsresol=9)]
+    t0 = 1_700_000_000 * 10**9
+    for k in range(40):
+        blocks += [pcapng_epb(0, t0 + 2000 * k, *eth[k]), pcapng_epb(1, t0 + 2000 * k + 1000, *raw[k])]
+    cat = tmp_path / "mixed.pcapng"
+    cat.write_bytes(b"".join(blocks))
+    cli = [sys.executable, "-m", "bigtcp_pcap.cli", "explode", str(cat), "-"]
+    r = subprocess.run(cli, capture_output=True, timeout=120, check=False)
+    assert r.returncode == 2 and r.stdout == b"" and b"--pcapng" in r.stderr
+    r = subprocess.run([*cli, "--pcapng"], capture_output=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "from_stdout.pcapng"
+    out.write_bytes(r.stdout)
+    ref = tmp_path / "ref.pcapng"
+    res = bigtcp_pcap.explode(cat, ref)
+    assert res.summary["super_packets"] > 0 and out.read_bytes() == ref.read_bytes()
+    assert _payload_by_port(out) == _payload_by_port(cat)
