@@ -91,9 +91,10 @@ class Source:
             raw = sys.stdin.buffer
             self.name = name or "<stdin>"
             self.size: int | None = None
-            if _live(sys.stdin.fileno()):  # read as the bytes come, not a buffer's worth at a time
-                self._live_fd = sys.stdin.fileno()
-                raw = io.FileIO(self._live_fd, "rb", closefd=False)
+            fd = _fileno(sys.stdin)  # (None: a stand-in without a descriptor, as a test runner's)
+            if fd is not None and _live(fd):  # read as the bytes come, not a buffer's worth at a time
+                self._live_fd = fd
+                raw = io.FileIO(fd, "rb", closefd=False)
         elif isinstance(source, (str, os.PathLike)):
             self.name = name or str(source)
             try:
@@ -429,6 +430,13 @@ class ZstdReader(io.RawIOBase):
         if not n and self._walk.inside:
             raise EOFError("zstd stream ends inside a frame (truncated file)")
         return n
+
+
+def _fileno(f) -> int | None:
+    try:
+        return f.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
+        return None
 
 
 def _live(fd: int) -> bool:
