@@ -328,13 +328,12 @@ class _Run:
         except (KeyboardInterrupt, Interrupted) as e:
             self.stop = e
             signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
-            last = info.packets + info.frame_blocks  # (Wireshark's numbering: pcapng blocks that are frames count)
-            self.error = Interrupted(signum, f"the tables hold frames 1-{last}")
-            self.partial_row(F.INTERRUPTED, last + 1,
+            self.error = Interrupted(signum, f"the tables hold frames 1-{info.last_frame}")
+            self.partial_row(F.INTERRUPTED, info.last_frame + 1,
                              F.message(F.INTERRUPTED, signal.Signals(signum).name))
         except OutputError as e:  # the table that failed is gone; the others are finished, marked partial
             self.stop = self.error = e
-            self.partial_row(F.OUTPUT_FAILED, info.packets + info.frame_blocks + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
+            self.partial_row(F.OUTPUT_FAILED, info.last_frame + 1, F.message(F.OUTPUT_FAILED, e.one_line()))
         finally:
             batches.close()
 

@@ -73,10 +73,10 @@ def _stop_on_signals():
     got: list[int] = []
 
     def handler(signum, _frame) -> None:
-        if got or waiting_on_live_input():  # (a quiet pipe: no batch boundary may come)
-            got.append(signum)
-            raise Interrupted(signum)
+        again = bool(got)
         got.append(signum)
+        if again or waiting_on_live_input():  # (a quiet pipe: no batch boundary may come)
+            raise Interrupted(signum)
 
     def check(_done: int, _total: int | None) -> None:
         if got:

@@ -111,6 +111,11 @@ class CaptureInfo:
     def partial(self) -> bool:
         return self.error is not None
 
+    @property
+    def last_frame(self) -> int:
+        """The number of the last frame read (Wireshark's numbering: pcapng blocks that are frames count)."""
+        return self.packets + self.frame_blocks
+
 
 class CaptureReader:
     """Iterate ``RecordBatch`` objects from a capture; ``info`` fills in as it goes."""

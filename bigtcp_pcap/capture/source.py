@@ -63,16 +63,12 @@ class HashingReader(io.RawIOBase):
             n = min(len(mv), len(self._head))
             mv[:n] = self._head[:n]
             self._head = self._head[n:]
-        elif self.live:
-            _WAITING[0] = True
+        else:
+            _WAITING[0] = self.live
             try:
                 n = self._raw.readinto(mv)
             finally:
                 _WAITING[0] = False
-            if not n:
-                return 0
-        else:
-            n = self._raw.readinto(mv)
             if not n:
                 return 0
         if self.sha256 is not None:
@@ -132,9 +128,9 @@ class Source:
                 raise CaptureError(self.name, "zstd-compressed; install the 'zstandard' package") from None
             self._ahead = ReadAhead(ZstdReader(buffered, zstandard))
             self.stream_errors += (zstandard.ZstdError,)
-        self.stream: BinaryIO = self._ahead if self._ahead is not None else buffered
-        if self._live_fd is not None:  # one read at a time: a buffered reader waits until its request is full
-            self.stream = self.raw
+        # a live input one read at a time: a buffered reader waits until its request is full
+        self.stream: BinaryIO = self._ahead if self._ahead is not None else \
+            self.raw if self._live_fd is not None else buffered
 
     @property
     def live(self) -> bool:

@@ -170,21 +170,19 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
     sink = P.TableSink(out / "egress.parquet", EGRESS_SCHEMA, background=True)  # encoding on a writer thread
     sink_sp = None
     if gro is not None:
-        from ..gro.receivers import interface_labels
         from ..output.superpackets import SUPERPACKETS_SCHEMA, superpackets_columns
 
         sink_sp = P.TableSink(out / "superpackets.parquet", SUPERPACKETS_SCHEMA)
     error: CaptureError | None = None
     inputs = 0
     sp_rows = 0
-    interfaces = 1  # the GRO model's receivers: one per capture interface (the engine's default receiver)
 
     def emit_sp(spb) -> None:
         nonlocal sp_rows
         if len(spb):
             sp_rows += len(spb)
             tally.add_superpackets(np.asarray(spb.flow_id, np.int64))
-            sink_sp.write_columns(superpackets_columns(spb, flows, interface_labels(interfaces)))
+            sink_sp.write_columns(superpackets_columns(spb, flows))
 
     try:
         for rb in reader:
@@ -197,8 +195,6 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
                 sink.write(A.table(egress_columns(eb, flows), EGRESS_SCHEMA))
             if gro is not None:
                 opb, ofid = output_packets(pb, eb)
-                if len(opb):
-                    interfaces = max(interfaces, int(opb.if_id.max()) + 1)
                 emit_sp(gro.feed(opb, ofid))
             if progress is not None:
                 progress(reader.src.bytes_read, info.size)

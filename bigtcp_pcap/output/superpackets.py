@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from ..decode.schema import BIGTCP_NAMES
 from ..gro.reasons import POLL_END_NAMES
+from ..gro.receivers import interface_labels
 from . import arrow as A
 from .parquet import BIGTCP_TYPE, TS_TYPE
 
@@ -27,9 +28,12 @@ def superpackets_columns(spb, flows, receivers: list[str] | None = None, slots: 
     """Columns for SUPERPACKETS_SCHEMA from a GRO SuperPacketBatch; addresses come from the flow table (the rows'
     flows must still be in memory: the flow table keeps a flow until its GRO rows are out; ``slots``: their
     ``FlowTable.slots`` when the caller has them), receiver names from ``receivers``
-    (gro.receivers.Receivers.labels; index = the row's receiver)."""
+    (gro.receivers.Receivers.labels; index = the row's receiver; None: the engines' default receiver, the
+    capture interface, ``interface_labels``)."""
     fid = np.asarray(spb.flow_id)
     src, dst = flows.row_addresses(fid, slots)
+    if not receivers:
+        receivers = interface_labels(int(np.max(spb.receiver)) + 1 if len(spb) else 1)
     names = spb.reason_names
     return {
         "flow_id": fid, "src": src, "dst": dst,
@@ -41,6 +45,6 @@ def superpackets_columns(spb, flows, receivers: list[str] | None = None, slots: 
         "ts_last_ns": np.asarray(spb.ts_last_ns).view("datetime64[ns]"),
         "flush_reason": A.dictionary(spb.flush_reason, names),
         "source": A.dictionary(spb.source, SOURCE_NAMES),
-        "receiver": A.dictionary(spb.receiver, tuple(receivers) if receivers else ("receiver 0",), index=pa.int32()),
+        "receiver": A.dictionary(spb.receiver, tuple(receivers), index=pa.int32()),
         "poll_end": A.dictionary(spb.poll_end, POLL_END_NAMES),
     }
