@@ -29,7 +29,8 @@ from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import BigtcpError, CaptureError, Interrupted, OutputError, UsageError, make_outdir
-from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, FlowTable
+from .flows.points import capture_points, flows_per_point
+from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, POINT, FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
@@ -473,7 +474,7 @@ def _finding_columns(fr: FindingRows) -> dict[str, list]:
             "message": [c.template.format(value=v) for c, v in zip(codes, fr.value.tolist())]}
 
 
-_TOP_KEYS = ("flow_id", "src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "mss",
+_TOP_KEYS = ("flow_id", "src", "dst", "sport", "dport", "if_id", "ifindex", "packets", "payload_bytes", "bigtcp_packets", "mss",
              "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len", "max_superpacket_len",
              "retransmissions", "out_of_order", "capture_gap_bytes", "poll_ends_evidenced", "poll_ends_guessed")
 _KEEP_TOP = max(5, D.TOP_FLOWS)  # the summary's top flows and the diagnosis's
@@ -486,10 +487,12 @@ class _FlowSummary:
         self.count = 0
         self.v6_gap_bytes = 0  # capture gaps of IPv6 flows without BIG TCP packets
         self.top: list[dict] = []  # the flows with the most payload (ties: lower flow_id), with ip_version
+        self.points: Counter = Counter()  # flow rows per capture point (pcapng interface, cooked v2 ifindex)
 
     def add(self, cols: dict) -> None:
         n = len(cols["flow_id"])
         self.count += n
+        self.points.update(flows_per_point(cols[POINT]))
         v6 = (cols["ip_version"] == 6) & (cols["bigtcp_packets"] == 0)
         self.v6_gap_bytes += int(cols["capture_gap_bytes"][v6].sum(dtype=np.uint64))
         best = np.lexsort((cols["flow_id"], -cols["payload_bytes"].astype(np.int64)))[:_KEEP_TOP].tolist()
@@ -575,6 +578,7 @@ class _Stats:
             "bigtcp": {name: int(self.bigtcp[i]) for i, name in enumerate(BIGTCP_NAMES) if name != "none"},
             "max_bigtcp_ip_len": self.max_bigtcp_len,
             "flows": flow_sum.count,
+            "capture_points": capture_points(flow_sum.points),
             "top_flows": [{k: r[k] for k in _TOP_KEYS} for r in flow_sum.top[:5]],
             "superpackets": {"count": self.sp_rows, "flush_reasons": dict(self.sp_reasons.most_common()),
                              "poll_ends": {n: int(self.poll_ends[i]) for i, n in enumerate(POLL_END_NAMES) if i},

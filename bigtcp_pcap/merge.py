@@ -26,12 +26,13 @@ import pyarrow.parquet as pq
 from . import diagnose as D
 from . import findings as F
 from .audit.cbpf import SKIPPED_NOTE, reportable
+from .flows.points import capture_points, flows_per_point
 from .flows.table import CLOSE_TIMEOUT_NS, F_GAP, F_OOO, F_RETRANS, IDLE_TIMEOUT_NS, MAX_HOLES, NF, seq_kernel
 from .output.parquet import FLOWS_SCHEMA, MERGE_ROWS, TableSink, read_metadata
 from .output.tables import BY_NAME
 from .split import Part
 
-KEY = ["ip_version", "src", "dst", "sport", "dport"]
+KEY = ["ip_version", "src", "dst", "sport", "dport", "if_id", "ifindex"]  # (the last two: the capture point)
 SUMS = ["packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "superpackets", "poll_ends_evidenced",
         "poll_ends_guessed"]
 SUSPECT = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
@@ -86,7 +87,8 @@ def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
     gid = np.arange(n, dtype=np.int64)
     if n == 0:
         return gid
-    keys = list(zip(*(allf[c].tolist() for c in KEY)))
+    keys = list(zip(*(allf[c].fillna(0).astype(np.int64).tolist() if c in ("if_id", "ifindex") else allf[c].tolist()
+                      for c in KEY)))
     part = allf["_part"].to_numpy()
     by_key: dict[tuple, list[int]] = {}
     for i, k in enumerate(keys):
@@ -94,7 +96,7 @@ def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
     conns: dict[tuple, list[tuple]] = {}
     for k, rows in by_key.items():
         if part[rows[0]] != part[rows[-1]]:  # this direction is in several parts
-            rk = (k[0], k[2], k[1], k[4], k[3])
+            rk = (k[0], k[2], k[1], k[4], k[3], *k[5:])
             conns.setdefault(min(k, rk), [k, rk])
     if not conns:
         return gid
@@ -472,6 +474,8 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     out["bigtcp"] = {k: sum(s["bigtcp"].get(k, 0) for s in ss) for k in s0["bigtcp"]}
     out["max_bigtcp_ip_len"] = max(s["max_bigtcp_ip_len"] for s in ss)
     out["flows"] = len(flows)
+    out["capture_points"] = capture_points(flows_per_point(
+        (flows["if_id"].to_numpy(np.uint64) << np.uint64(32)) | flows["ifindex"].fillna(0).to_numpy(np.uint64)))
     keys = _top_keys()  # (a part may have no top flow to copy them from)
     top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
     out["top_flows"] = [{k: _plain(r[k]) for k in keys} for _, r in top.iterrows()]

@@ -77,6 +77,7 @@ U32_IP_LEN_FIELD, U32_IP_LEN, U32_JUMBO, U32_FLOW_LABEL = _R("ip_len_field"), _R
 U32_SEQ, U32_ACK, U32_TCP_PAYLOAD = _R("tcp_seq"), _R("tcp_ack"), _R("tcp_payload_len")
 U32_TS_VAL, U32_TS_ECR, U32_UDP_LEN = _R("tcp_ts_val"), _R("tcp_ts_ecr"), _R("udp_len")
 U32_SACK_LEFT, U32_SACK_RIGHT = _R("tcp_sack_left"), _R("tcp_sack_right")
+U32_IFINDEX = _R("ifindex")
 U16_STATUS, U16_L2_LEN, U16_VLAN, U16_IP_HDR_LEN = _R("status"), _R("l2_len"), _R("vlan"), _R("ip_hdr_len")
 U16_IP_ID, U16_EXT_LEN, U16_SPORT, U16_DPORT = _R("ip_id"), _R("ext_len"), _R("sport"), _R("dport")
 U16_FLAGS, U16_WIN, U16_MSS = _R("tcp_flags"), _R("tcp_win"), _R("tcp_mss")
@@ -847,6 +848,8 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 lim = min(lim, nflog_end)
             if not trunc:
                 etype, pos, trunc = _link(buf, l2s, end, method, rflags)
+            if method == L2_SLL2 and not trunc:
+                o32[U32_IFINDEX, i] = be32(buf, l2s + 4)
             if not trunc:
                 etype, pos, vlan, trunc, lim = _demux(buf, etype, pos, end, vlan, lim)
             if trunc:

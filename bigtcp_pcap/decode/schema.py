@@ -83,6 +83,8 @@ COLUMNS: tuple[Column, ...] = (
     C("wirelen", np.uint32, "record", "the original length recorded by the capture", "u32"),
     C("linktype", np.uint16, "record", "the frame's link type (pcapng: its interface's)", "u16"),
     C("if_id", np.uint32, "record", "pcapng interface id (0 for pcap)", "u32"),
+    C("ifindex", np.uint32, "u32", "the capturing host's interface index in a Linux cooked v2 header (tcpdump -i "
+      "any); null (0) when the link header carries none", "u32", "zero"),
     C("flow_id", np.int64, "flows", "the flow table's id of the flow direction", "i64", "no_flow"),
     C("tunnel", np.uint8, "u8", "TUNNEL_* of the innermost tunnel", "dict:TUNNEL_NAMES"),
     C("ip_version", np.uint8, "u8", "0 / 4 / 6", "u8", "no_ip"),

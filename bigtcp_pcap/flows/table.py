@@ -40,17 +40,20 @@ CLOSE_TIMEOUT_NS = 5 * 10**9  # Zeek's tcp_close_delay
  F_SLAST, F_CUT_EV, F_CUT_GU) = range(27)
 NF = 27
 FREE, ALIVE, ZOMBIE = 0, 1, 2  # ZOMBIE: ended, out of the key table, its row not yet written
-# --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest ----------------------
-NKY = 6
+# --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest, capture point -------
+# (the capture point: pcapng interface id << 32 | the Linux cooked v2 ifindex; 0 for a one-interface capture)
+NKY = 7
 # --- scalar state ST ------------------------------------------------------------------------------------------
 (S_NEXT_ID, S_FREE_TOP, S_NZOMB, S_TAB_FILL, S_HFREE, S_HFREE_N, S_HTOP, S_HTAB_FILL, S_FM_FILL, S_ALIVE) = range(10)
 NST = 10
 # --- output row of an ended flow (R) ----------------------------------------------------------------------
 (R_FID, R_VER, R_SPORT, R_DPORT, R_FIRST, R_TS0, R_TS1, R_PACKETS, R_PAYLOAD, R_WIRE, R_BIG, R_MAXP, R_MSS,
- R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP, R_FINRST, R_CUT_EV, R_CUT_GU) = range(25)
-NR = 25
+ R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP, R_FINRST, R_CUT_EV, R_CUT_GU, R_IFID,
+ R_IFINDEX) = range(27)
+NR = 27
 
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
+POINT = "_point"  # and for their capture points (``point``: one word each), for the summary
 
 EMPTY, TOMB = np.int64(-1), np.int64(-2)
 _SLOT = np.int64(0xFFFFFFFF)  # the index bits of a key table entry (_tagged)
@@ -301,7 +304,7 @@ def seq_kernel(fid, seq, plen, flags, F, H):
 
 
 @njit(cache=True, inline="always")
-def _find(TAB, KY, w, s0, s1, d0, d1, h):
+def _find(TAB, KY, w, s0, s1, d0, d1, p, h):
     """Slot of the exact key, or -1."""
     m = TAB.shape[0] - 1
     j = np.int64(h & np.uint64(m))
@@ -313,14 +316,23 @@ def _find(TAB, KY, w, s0, s1, d0, d1, h):
         if e >= 0 and _entry_tag(e) == tag:
             g = e & _SLOT
             if KY[g, 5] == h and KY[g, 0] == w and KY[g, 1] == s0 and KY[g, 2] == s1 and KY[g, 3] == d0 \
-                    and KY[g, 4] == d1:
+                    and KY[g, 4] == d1 and KY[g, 6] == p:
                 return g
         j = (j + 1) & m
 
 
 @njit(cache=True, inline="always")
-def _digest(w, s0, s1, d0, d1):
-    return _fmix(_fmix(_fmix(_fmix(_fmix(_SEED, w), s0), s1), d0), d1)
+def _digest(w, s0, s1, d0, d1, p):
+    """The 64-bit digest of a flow key; ``p`` the capture point (``point``), mixed in only where it is not 0."""
+    h = _fmix(_fmix(_fmix(_fmix(_fmix(_SEED, w), s0), s1), d0), d1)
+    return _fmix(h, p) if p else h
+
+
+@njit(cache=True, inline="always")
+def point(if_id, ifindex):
+    """The capture point of a packet as one key word: the pcapng interface and the interface index a Linux cooked
+    v2 header names (tcpdump -i any). The same packet seen at two points is two flows' packet, not a copy."""
+    return (np.uint64(if_id) << np.uint64(32)) | np.uint64(ifindex)
 
 
 @njit(cache=True, inline="always")
@@ -335,18 +347,18 @@ def _retire(F, TAB, KY, ZL, ST, s):
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u64[:, ::1], u64[:, ::1], u16[::1], u16[::1], b1[::1], u32[::1], u32[::1], u8[::1], "
-          "i64[::1], u64[::1], u16[::1], u16[::1], u32[::1], i64[::1], i64[:, ::1], u64[:, ::1], i64[:, :, "
-          "::1], i64[::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
-          "i64[::1], i64[::1], i64[::1], i64, i64"))
-def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, frame, flags, mss, seq, TO, F, KY,
-                H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid, start, room):
+          "i64[::1], u64[::1], u16[::1], u16[::1], u32[::1], u32[::1], u32[::1], i64[::1], i64[:, ::1], "
+          "u64[:, ::1], i64[:, :, ::1], i64[::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], "
+          "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64, i64"))
+def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, frame, flags, mss, seq, if_id, ifindex,
+                TO, F, KY, H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid, start, room):
     """One pass over rows ``start..`` of a batch: flow_id of each ``mask`` row (-1 elsewhere), new flows,
     counters, histogram, sequence bookkeeping. The caller guarantees room for ``room`` new flows and one
     histogram entry per row; the pass stops before the row that would need flow ``room + 1`` and returns its
     index (the caller makes room and goes on from there), or the batch length when it is done."""
     idle = TO[0]
     close = TO[1]
-    pw = np.uint64(0)
+    pw = pp = np.uint64(0)
     ps0 = ps1 = pd0 = pd1 = np.uint64(0)
     prev = np.int64(-1)
     made = np.int64(0)
@@ -357,15 +369,16 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
         t = ts[i]
         w = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(sport[i]) << np.uint64(16)) | np.uint64(dport[i])
         s0, s1, d0, d1 = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
-        if prev >= 0 and w == pw and s0 == ps0 and s1 == ps1 and d0 == pd0 and d1 == pd1 \
+        p = point(if_id[i], ifindex[i])
+        if prev >= 0 and w == pw and s0 == ps0 and s1 == ps1 and d0 == pd0 and d1 == pd1 and p == pp \
                 and F[prev, F_STATE] == ALIVE:
             f = prev  # bursts of one flow skip the digest and the table
         else:
-            h = _digest(w, s0, s1, d0, d1)
-            f = _find(TAB, KY, w, s0, s1, d0, d1, h)
+            h = _digest(w, s0, s1, d0, d1, p)
+            f = _find(TAB, KY, w, s0, s1, d0, d1, p, h)
             if f < 0:
                 f = np.int64(-2)
-            pw, ps0, ps1, pd0, pd1 = w, s0, s1, d0, d1
+            pw, ps0, ps1, pd0, pd1, pp = w, s0, s1, d0, d1, p
         if f >= 0 and _ended(F, f, t, idle, close):
             _retire(F, TAB, KY, ZL, ST, f)
             f = np.int64(-2)
@@ -373,7 +386,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             if made == room:
                 return np.int64(i)  # out of room; a retire above is redone as a miss on the way back
             made += 1
-            h = _digest(w, s0, s1, d0, d1)
+            h = _digest(w, s0, s1, d0, d1, p)
             ST[S_FREE_TOP] -= 1
             f = FREE_[ST[S_FREE_TOP]]
             for c in range(NF):
@@ -387,7 +400,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             F[f, F_SHEAD] = -1
             F[f, F_SLAST] = -1
             F[f, F_REV] = -1
-            KY[f, 0], KY[f, 1], KY[f, 2], KY[f, 3], KY[f, 4], KY[f, 5] = w, s0, s1, d0, d1, h
+            KY[f, 0], KY[f, 1], KY[f, 2], KY[f, 3], KY[f, 4], KY[f, 5], KY[f, 6] = w, s0, s1, d0, d1, h, p
             m = TAB.shape[0] - 1
             j = np.int64(h & np.uint64(m))
             while TAB[j] >= 0:
@@ -400,7 +413,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             ST[S_FM_FILL] += _hm_insert(FK, FV, fk, _fmix(_SEED, fk), f)
             # the reverse direction, when alive and not ended: both directions end together
             rw = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(dport[i]) << np.uint64(16)) | np.uint64(sport[i])
-            r = _find(TAB, KY, rw, d0, d1, s0, s1, _digest(rw, d0, d1, s0, s1))
+            r = _find(TAB, KY, rw, d0, d1, s0, s1, p, _digest(rw, d0, d1, s0, s1, p))
             if r >= 0:
                 if _ended(F, r, t, idle, close):
                     _retire(F, TAB, KY, ZL, ST, r)
@@ -633,6 +646,8 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
         R[rows, R_FINRST] = F[s, F_FINRST]
         R[rows, R_CUT_EV] = F[s, F_CUT_EV]
         R[rows, R_CUT_GU] = F[s, F_CUT_GU]
+        R[rows, R_IFID] = np.int64(KY[s, 6] >> np.uint64(32))
+        R[rows, R_IFINDEX] = np.int64(KY[s, 6] & np.uint64(0xFFFFFFFF))
         for c in range(5):
             RK[rows, c] = KY[s, c]
         rows += 1
@@ -909,7 +924,8 @@ class FlowTable:
             room = min(n - i, max(self.NEW_FLOWS_STEP, self.alive // 4))
             self._reserve(room, n - i)
             i = int(flow_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, pb.tcp_payload_len, pb.wirelen,
-                                pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, self._TO, self.F,
+                                pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, pb.if_id,
+                                pb.ifindex, self._TO, self.F,
                                 self.KY, self.H, self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC,
                                 self.EN, self.FREE, self.ZL, self.ST, fid, i, room))
         return fid
@@ -1017,6 +1033,8 @@ class FlowTable:
             "flow_id": R[:, R_FID], "ip_version": ver.astype(np.uint8),
             "src": address_strings(ver, RK[:, 1:3]), "dst": address_strings(ver, RK[:, 3:5]),
             "sport": R[:, R_SPORT].astype(np.uint16), "dport": R[:, R_DPORT].astype(np.uint16),
+            "if_id": R[:, R_IFID].astype(np.uint32),
+            "ifindex": array(R[:, R_IFINDEX].astype(np.uint32), pa.uint32(), R[:, R_IFINDEX] == 0),
             "first_frame": R[:, R_FIRST].astype(np.uint64),
             "ts_first_ns": R[:, R_TS0].view("datetime64[ns]"), "ts_last_ns": R[:, R_TS1].view("datetime64[ns]"),
             "packets": R[:, R_PACKETS].astype(np.uint64), "payload_bytes": R[:, R_PAYLOAD].astype(np.uint64),
@@ -1032,4 +1050,5 @@ class FlowTable:
             "poll_ends_evidenced": R[:, R_CUT_EV].astype(np.uint64),
             "poll_ends_guessed": R[:, R_CUT_GU].astype(np.uint64),
             FINRST: R[:, R_FINRST].astype(np.uint8),  # not a flows column: what a split run's merge needs
+            POINT: (R[:, R_IFID].astype(np.uint64) << np.uint64(32)) | R[:, R_IFINDEX].astype(np.uint64),
         }

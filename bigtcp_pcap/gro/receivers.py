@@ -11,8 +11,8 @@ How the receiver is told, per link type:
   the host that last received a unicast frame from the same source, where known, else to a receiver of its
   own (it then touches no GRO state of a data receiver);
 * Linux cooked captures (SLL 113, SLL2 276): the packet type says the direction on the capturing host: frames
-  it received (host, broadcast, multicast, other-host) go to the capturing host, frames it sent go to their
-  destination IP address;
+  it received (host, broadcast, multicast, other-host) go to the capturing host (SLL2: to its interface that
+  received them, by ifindex: each device has its own NAPI), frames it sent go to their destination IP address;
 * every other link type (raw IP, NULL, LOOP, ...): the destination IP address;
 * a frame with none of these (not IP, too short): a receiver per capture interface.
 
@@ -105,9 +105,11 @@ def receiver_keys(lt, cap, ver, dst, if_id, buf, off, PK, PV, PU, PST, UK, TAB, 
                 mac = PV[j] if PU[j] else np.uint64(0)
             kind = np.uint64(K_GROUP if mac == 0 else K_MAC)
             a = d if mac == 0 else mac
-        elif (t == LT_SLL and cap[i] >= 2 and _be(buf, off[i], 2) != SLL_OUTGOING) or \
-                (t == LT_SLL2 and cap[i] >= 12 and _be(buf, off[i] + 10, 1) != SLL_OUTGOING):
+        elif t == LT_SLL and cap[i] >= 2 and _be(buf, off[i], 2) != SLL_OUTGOING:
             kind = np.uint64(K_LOCAL)
+        elif t == LT_SLL2 and cap[i] >= 12 and _be(buf, off[i] + 10, 1) != SLL_OUTGOING:
+            kind = np.uint64(K_LOCAL)  # one receiver per receiving interface of the capturing host (its ifindex)
+            a = _be(buf, off[i] + 4, 4)
         else:
             v = ver[i]
             if v == 4 or v == 6:  # the destination IP address, wherever nothing better is known
@@ -231,7 +233,7 @@ def _label(key: bytes) -> str:
     if kind == K_IP6:
         return str(ipaddress.IPv6Address((a << 64) | b)) + where
     if kind == K_LOCAL:
-        return f"capturing host{where}"
+        return f"capturing host{f' ifindex {a}' if a else ''}{where}"
     if kind == K_GROUP:
         return "group " + ":".join(f"{(a >> s) & 0xFF:02x}" for s in range(40, -8, -8)) + where
     return f"non-IP frames{where}"

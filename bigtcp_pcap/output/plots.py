@@ -31,7 +31,9 @@ def _limits(meta: dict) -> list[tuple[float, str]]:
 
 
 def _flow_label(row) -> str:
-    return f"{row.src}.{row.sport} > {row.dst}.{row.dport}"
+    from .summary import flow_name
+
+    return flow_name(row)
 
 
 def plot_dir(outdir: str | Path, dest: str | Path | None = None) -> list[Path]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OutputError, UsageError
+from .summary import flow_name
 
 REPORT_NAME = "report.html"
 
@@ -112,8 +113,8 @@ def _diagnosis_html(d: dict) -> str:
         return "<p>No flow carries TCP payload.</p>"
     out = []
     for f in flows:
-        out.append(f"<h3>flow {_e(f['flow_id'])}: <code>{_e(f['src'])}.{_e(f['sport'])} &gt; {_e(f['dst'])}."
-                   f"{_e(f['dport'])}</code> ({_n(f['payload_bytes'])} payload bytes)</h3>")
+        out.append(f"<h3>flow {_e(f['flow_id'])}: <code>{_e(flow_name(f))}</code> ({_n(f['payload_bytes'])} payload "
+                   f"bytes)</h3>")
         out.append(f"<div class='card'>{_e(f['text'])}</div>")
         rows = []
         for r in f["reasons"]:
@@ -160,8 +161,7 @@ def _audit_html(fa: dict) -> str:
 def _flows_html(s: dict) -> str:
     rows = []
     for f in s.get("top_flows", []):
-        rows.append([(f"{_e(f['flow_id'])}: <code>{_e(f['src'])}.{_e(f['sport'])} &gt; {_e(f['dst'])}."
-                     f"{_e(f['dport'])}</code>"), f["packets"], f["payload_bytes"], f["bigtcp_packets"], f["mss"],
+        rows.append([f"{_e(f['flow_id'])}: <code>{_e(flow_name(f))}</code>", f["packets"], f["payload_bytes"], f["bigtcp_packets"], f["mss"],
                      f["p50_payload_len"], f["max_payload_len"], f["superpackets"], f["p50_superpacket_len"],
                      f["max_superpacket_len"], f["retransmissions"], f.get("out_of_order"), f["capture_gap_bytes"],
                      f.get("poll_ends_evidenced"), f.get("poll_ends_guessed")])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
+
+from ..flows.points import points_text
 
 
 def _n(x) -> str:
@@ -51,6 +54,9 @@ def render(summary: dict, console: Console) -> None:
         head.add_row("lost segments", f"{_n(sp['lost_segments'])} never reached the receiver (its SACKs showed the "
                      "hole, then the segment was sent again, and the receiver never reported that data twice): left "
                      "out of the rebuild, the copy is rebuilt where it was sent")
+    pts = points_text(summary.get("capture_points") or [])
+    if pts:
+        head.add_row("capture points", pts)
     rx = sp.get("receivers") or {}
     if len(rx) > 1:
         head.add_row("receivers", "one GRO/NAPI model each: " + ", ".join(f"{k} ({_n(v)} rows)"
@@ -64,7 +70,7 @@ def render(summary: dict, console: Console) -> None:
                     "gap", "cuts ev/guess"):
             t.add_column(col, justify="right" if col != "flow" else "left", no_wrap=True)
         for f in summary["top_flows"]:
-            t.add_row(f"{f['flow_id']}: {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}", _n(f["packets"]),
+            t.add_row(f"{f['flow_id']}: {flow_name(f)}", _n(f["packets"]),
                       _n(f["payload_bytes"]), _n(f["bigtcp_packets"]), _n(f["mss"]),
                       f"{_n(f['p50_payload_len'])} / {_n(f['max_payload_len'])}",
                       f"{_n(f['superpackets'])} / {_n(f['p50_superpacket_len'])} / {_n(f['max_superpacket_len'])}",
@@ -125,6 +131,19 @@ def render_capture_kind(ck: dict, console: Console) -> None:
         console.print(f"  [bold yellow]model contradicts the capture:[/] {c}", highlight=False)
 
 
+def flow_name(f) -> str:
+    """A flow direction as text, ``src.sport > dst.dport``, with its capture point where the capture has more
+    than one (``@ifindex N``: the interface a ``tcpdump -i any`` capture names; ``@interface K``: a pcapng
+    interface other than the first): the same connection seen at two points is two rows. ``f``: a mapping or a
+    row with those fields."""
+    def get(k):
+        v = f.get(k) if isinstance(f, dict) else getattr(f, k, None)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v  # (a pandas NaN: no point)
+    at = "".join(f" @{name} {int(v)}" for name, v in (("interface", get("if_id")), ("ifindex", get("ifindex")))
+                 if v)
+    return f"{get('src')}.{get('sport')} > {get('dst')}.{get('dport')}{at}"
+
+
 def render_diagnosis(diag: dict, console: Console) -> None:
     """Per top flow: what ended its super-packets, ranked by bytes, with the knob and the measured what-if."""
     flows = diag.get("flows") or []
@@ -132,7 +151,7 @@ def render_diagnosis(diag: dict, console: Console) -> None:
         return
     console.print("[bold]Diagnosis[/]: what ended the super-packets (share of payload bytes)")
     for f in flows:
-        console.print(f"  flow {f['flow_id']} {f['src']}.{f['sport']} > {f['dst']}.{f['dport']}:", highlight=False,
+        console.print(f"  flow {f['flow_id']} {flow_name(f)}:", highlight=False,
                       markup=False)
         for r in f["reasons"][:4]:
             knob = f" [knob: {r['knob']}]" if r.get("knob") else ""

@@ -136,10 +136,13 @@ _UDP_LEN_0 = ("outer UDP length 0 (BIG TCP over Geneve): tshark stops at the 'bo
               "copy restores it and libpcap's geneve reads the inner frame")
 _LATER_FRAGMENT = ("a later fragment of a UDP datagram: libpcap's 'udp' tests the protocol field of every fragment, "
                    "tshark (reassembly off) shows no UDP header there")
+_QUOTED = ("an ICMPv6 Packet Too Big quoting a BIG TCP packet: tshark dissects the quoted IPv6 and TCP headers "
+           "(its 'tcp' matches), libpcap and the audit see an ICMPv6 packet")
 LEGITIMATE = {
     ("LINKTYPE_IPV4_invalid.pcap", 1): (None, _V4_IN_228),
     ("bigtcp-ipv4-geneve-ipv6.s256.pcap", 1): ({"geneve and tcp"}, _UDP_LEN_0),
     **{("vxlan_frag.pcap", n): ({"udp"}, _LATER_FRAGMENT) for n in (30, 32, 34, 36, 38, 88, 90, 92, 94, 96)},
+    **{("router_v46.pcap", n): (None, _QUOTED) for n in (83, 113, 115, 125, 143, 153, 155, 177, 201)},
 }
 NORMALIZED_ZERO = {"tcp and ip[2:2] = 0", "ip6 and ip6[6] = 0", "ip6 proto 51", "ip6 protochain 43"}
 

@@ -1,0 +1,119 @@
+"""Capture points (flows/points.py): a capture that shows the same packets at two places keeps them apart.
+
+The fixtures are kernel captures of ``tcpdump -i any`` on a host that forwards IPv6 BIG TCP (and IPv4) between
+two veths, bridging or routing (tests/fixtures/kernel/any/make_any.sh): every forwarded segment is recorded on
+its way in and again on its way out, each copy under its interface's ifindex (Linux cooked v2). Counted as one
+flow, the second copy of every segment was a retransmission. The oracles: tshark's own counts on the frames of
+one interface (``sll.ifindex``), and each interface's frames analysed alone, which must give the same flows and
+the same rebuilt super-packets as that point's rows of the whole capture.
+"""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+from oracle import KERNEL, need_tshark, tshark_fields
+
+from bigtcp_pcap.api import analyze
+
+ANY = KERNEL / "any"
+CAPTURES = ["bridge_v6.pcap", "router_v46.pcap"]
+FLAGS = ("tcp.analysis.retransmission", "tcp.analysis.fast_retransmission", "tcp.analysis.spurious_retransmission",
+         "tcp.analysis.out_of_order")
+
+
+def _part(cap, ifindex: int, dest):
+    """The frames of one interface (tshark's display filter on the cooked v2 header), as a pcap."""
+    subprocess.run([need_tshark(), "-r", str(cap), "-Y", f"sll.ifindex=={ifindex}", "-w", str(dest)], check=True,
+                   capture_output=True, timeout=120)
+    return dest
+
+
+def _tshark_flows(path) -> dict[tuple, list[int]]:
+    """Per (src, sport, dst, dport): [packets, payload bytes, segments tshark flags as resent or out of order].
+    ICMP errors quote a TCP header (tshark then shows its ports): they are not the flow's packets."""
+    out: dict[tuple, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+    rows = tshark_fields(path, ["ip.src", "ipv6.src", "tcp.srcport", "ip.dst", "ipv6.dst", "tcp.dstport", "tcp.len",
+                                *FLAGS], display_filter="tcp && !icmp && !icmpv6")
+    for r in rows:
+        k = (r["ip.src"] or r["ipv6.src"], int(r["tcp.srcport"]), r["ip.dst"] or r["ipv6.dst"], int(r["tcp.dstport"]))
+        f = out[k]
+        f[0] += 1
+        f[1] += int(r["tcp.len"])
+        f[2] += any(r[x] for x in FLAGS)
+    return dict(out)
+
+
+def _ours(flows: pd.DataFrame) -> dict[tuple, list[int]]:
+    return {(r.src, int(r.sport), r.dst, int(r.dport)): [int(r.packets), int(r.payload_bytes),
+                                                         int(r.retransmissions) + int(r.out_of_order)]
+            for r in flows.itertuples()}
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_flows_per_interface_match_tshark_on_that_interface(tmp_path, name):
+    cap = ANY / name
+    res = analyze(cap, outdir=tmp_path / "out", audit=False, gro_max_size=185000)
+    flows = res.flows
+    points = sorted(int(x) for x in flows.ifindex.unique())
+    assert len(points) == 2 and (flows.if_id == 0).all()
+    assert [p["ifindex"] for p in res.summary["capture_points"]] == points
+    for x in points:
+        want = _tshark_flows(_part(cap, x, tmp_path / f"if{x}.pcap"))
+        assert _ours(flows[flows.ifindex == x]) == want, x
+    # not vacuous: the same connections at both points, with BIG TCP payload, and tshark reading the whole file
+    # flags each copy as resent (it does not tell the interfaces apart), which we must not
+    conns = collections.Counter((r.src, r.sport, r.dst, r.dport) for r in flows.itertuples())
+    assert sum(1 for v in conns.values() if v == 2) >= 4
+    assert flows.bigtcp_packets.sum() > 0
+    whole = _tshark_flows(cap)
+    assert sum(v[2] for v in whole.values()) > flows.retransmissions.sum() + flows.out_of_order.sum() + 30
+
+
+def _rows(sp: pd.DataFrame) -> collections.Counter:
+    """Super-packet rows as a multiset, all columns but the flow ids and frame numbers."""
+    cols = [c for c in sp.columns if c not in ("flow_id", "first_frame", "last_frame")]
+    return collections.Counter(map(tuple, sp[cols].astype(str).values.tolist()))
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_each_interface_alone_gives_that_points_rows(tmp_path, name):
+    """Flows and super-packets (GRO per receiving interface, ACK evidence per point) of one interface's frames
+    analysed alone equal that point's rows of the whole capture, all but the ids and frame numbers."""
+    cap = ANY / name
+    whole = analyze(cap, outdir=tmp_path / "w", audit=False, gro_max_size=185000)
+    fl, sp = whole.flows, whole.superpackets
+    for x in sorted(int(v) for v in fl.ifindex.unique()):
+        alone = analyze(_part(cap, x, tmp_path / f"if{x}.pcap"), outdir=tmp_path / f"o{x}", audit=False,
+                        gro_max_size=185000)
+        cols = [c for c in alone.flows.columns if c not in ("flow_id", "first_frame")]
+        assert fl[fl.ifindex == x][cols].reset_index(drop=True).equals(alone.flows[cols].reset_index(drop=True))
+        mine = sp[sp.flow_id.isin(set(fl[fl.ifindex == x].flow_id))]
+        assert len(mine) > 20 and _rows(mine) == _rows(alone.superpackets), x
+    # one receiver per receiving interface of the capturing host
+    assert {"capturing host ifindex 2", "capturing host ifindex 3"} <= set(sp.receiver.astype(str))
+
+
+def test_pcapng_interfaces_are_capture_points(tmp_path):
+    """A pcapng merged from a sender's and a receiver's capture of the same transfer holds every segment twice,
+    under two interfaces (`-I none`: mergecap would otherwise make them one): each interface's flows equal those of its file analysed alone."""
+    if shutil.which("mergecap") is None:
+        pytest.fail("mergecap (Wireshark) is not installed (the README's test command installs it)")
+    snd, rcv = KERNEL / "v6_185000.snd.pcap", KERNEL / "v6_185000.rcv.pcap"
+    both = tmp_path / "both.pcapng"
+    subprocess.run(["mergecap", "-F", "pcapng", "-I", "none", "-w", str(both), str(snd), str(rcv)], check=True,
+                   capture_output=True)
+    got = analyze(both, outdir=tmp_path / "both", audit=False)
+    assert sorted(got.flows.if_id.unique()) == [0, 1] and got.flows.ifindex.isna().all()
+    for if_id, part in ((0, snd), (1, rcv)):  # mergecap numbers the interfaces in the order of its inputs
+        alone = analyze(part, outdir=tmp_path / f"alone{if_id}", audit=False).flows
+        cols = ["src", "dst", "sport", "dport", "packets", "payload_bytes", "bigtcp_packets", "retransmissions",
+                "out_of_order", "capture_gap_bytes", "max_payload_len"]
+        mine = got.flows[got.flows.if_id == if_id][cols].reset_index(drop=True)
+        assert len(mine) >= 2 and mine.equals(alone[cols].reset_index(drop=True)), if_id
+    assert pq.read_schema(tmp_path / "both" / "flows.parquet").field("ifindex").nullable
