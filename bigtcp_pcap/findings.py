@@ -45,6 +45,11 @@ _CODES = [
     Code(27, "ipv4.totlen_lt_header", ERROR, "IPv4 total length {value} is smaller than its header"),
     Code(28, "udp.bad_length", WARN, "UDP length {value} disagrees with the IP payload length"),
     Code(29, "ipv6.exthdr.too_many", WARN, "more than {value} IPv6 extension headers; stopped walking"),
+    # ICMP errors about a packet too big for a hop (the quoted packet's own header says what it was)
+    Code(30, "icmp.too_big.bigtcp", WARN, "ICMP Packet Too Big / Fragmentation Needed (MTU {value}) answering a "
+         "BIG TCP packet (the quoted header: IPv6 payload length 0 or IPv4 total length 0): a hop did not forward "
+         "that super-packet, so its bytes are resent (retransmissions)"),
+    Code(31, "icmp.too_big", NOTE, "ICMP Packet Too Big / Fragmentation Needed (MTU {value}): path MTU discovery"),
     # truncation by the snaplen (the capture, not the packet)
     Code(40, "frame.truncated.l2", NOTE, "link-layer header cut by the snaplen (caplen {value})"),
     Code(41, "frame.truncated.ip", NOTE, "IP header or extension header chain cut by the snaplen (caplen {value})"),
@@ -79,6 +84,7 @@ JUMBO_TOO_SMALL, JUMBO_PLEN_NONZERO, JUMBO_WITH_FRAGMENT, JUMBO_MISALIGNED = 1, 
 JUMBO_NOT_HBH, JUMBO_MISSING, JUMBO_DUPLICATE, JUMBO_EXCEEDS_FRAME, HBH_NOT_FIRST, JUMBO_BAD_LENGTH = 5, 6, 7, 8, 9, 10
 PLEN0_NOT_TCP_UDP, TOTLEN0_NOT_TCP_UDP, V4_LEN_EXCEEDS, V6_PLEN_EXCEEDS, V4_BAD_IHL, TCP_BAD_DOFF = 20, 21, 22, 23, 24, 25
 BAD_VERSION, V4_TOTLEN_LT_HDR, UDP_BAD_LENGTH, EXT_TOO_MANY = 26, 27, 28, 29
+ICMP_TOO_BIG_BIGTCP, ICMP_TOO_BIG = 30, 31
 TRUNC_L2, TRUNC_IP, TRUNC_L4, WIRELEN_LT_CAPLEN, UNKNOWN_LINKTYPE = 40, 41, 42, 43, 44
 CAPTURE_PARTIAL, TCP_PORT_FILTER_SUSPECTED = 60, 61
 SNAPLEN_EXCEEDED, INTERRUPTED, UNDEFINED_INTERFACE, TPACKET_V2_CLAMP, OUTPUT_FAILED, TS_OUT_OF_RANGE = (

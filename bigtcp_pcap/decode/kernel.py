@@ -806,6 +806,31 @@ def _udp(buf, l4, end, l4_true, l4_claim, first_fragment, i, o16, o32, f_row, f_
     return np.int64(0), ulen, dp, nf, nfi
 
 
+@njit(cache=True)
+def _icmp_too_big(buf, l4, end, proto, i, f_row, f_code, f_val, nf, nfi):
+    """An ICMPv6 Packet Too Big (type 2) or ICMPv4 Fragmentation Needed (type 3 code 4): a finding with its MTU,
+    ``icmp.too_big.bigtcp`` when the quoted packet (after the 8-byte ICMP header) is a BIG TCP packet: IPv6 with
+    payload length 0 (HBH Jumbo or not), IPv4 TCP with total length 0."""
+    if l4 + 8 > end:
+        return nf, nfi
+    t = u8(buf, l4)
+    if proto == 58 and t == 2:
+        mtu = np.int64(be32(buf, l4 + 4))
+    elif proto == 1 and t == 3 and u8(buf, l4 + 1) == 4:
+        mtu = np.int64(be16(buf, l4 + 6))
+    else:
+        return nf, nfi
+    q = l4 + 8
+    big = False
+    if q < end:
+        v = u8(buf, q) >> 4
+        if v == 6 and q + 6 <= end:
+            big = be16(buf, q + 4) == 0
+        elif v == 4 and q + 10 <= end:
+            big = be16(buf, q + 2) == 0 and u8(buf, q + 9) == 6
+    return _finding(f_row, f_code, f_val, nf, nfi, i, F.ICMP_TOO_BIG_BIGTCP if big else F.ICMP_TOO_BIG, mtu)
+
+
 # ---- the frame -------------------------------------------------------------------------------------------------
 
 
@@ -948,6 +973,8 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     pos = l4
                     code = np.int64(TUNNEL_IPIP if l4_proto == 4 else TUNNEL_IP6IP)
             else:
+                if (l4_proto == 58 or l4_proto == 1) and frag == FRAG_NONE:
+                    nf, nfi = _icmp_too_big(buf, l4, end, l4_proto, i, f_row, f_code, f_val, nf, nfi)
                 if l4_proto != 58 and l4_proto != 59:
                     status |= ST_L4_UNKNOWN
                 break

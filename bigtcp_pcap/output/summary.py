@@ -81,11 +81,15 @@ def render(summary: dict, console: Console) -> None:
                       "show / that only the timestamps suggest", highlight=False, markup=False)
     render_diagnosis(summary.get("diagnosis") or {}, console)
     if summary["findings"]:
+        from ..findings import BY_CODE
+
         t = Table(title="Findings", title_justify="left")
-        t.add_column("code")
+        t.add_column("code", no_wrap=True)
         t.add_column("count", justify="right")
+        t.add_column("what it says (findings.parquet has each one's value and frame)")
         for code, cnt in summary["findings"].items():
-            t.add_row(code, _n(cnt))
+            c = BY_CODE.get(code)
+            t.add_row(code, _n(cnt), c.template.replace("{value}", "N") if c else "")
         console.print(t)
     fa = summary.get("filter_audit") or {}
     if fa.get("note"):
