@@ -117,3 +117,29 @@ def test_pcapng_interfaces_are_capture_points(tmp_path):
         mine = got.flows[got.flows.if_id == if_id][cols].reset_index(drop=True)
         assert len(mine) >= 2 and mine.equals(alone[cols].reset_index(drop=True)), if_id
     assert pq.read_schema(tmp_path / "both" / "flows.parquet").field("ifindex").nullable
+
+
+def test_pcapng_sections_are_capture_points(tmp_path):
+    """A pcapng of two sections (``cat`` of two pcapng files, each with its interface 0) holds two captures: the
+    interfaces are numbered across sections (``if_gid``), so each section's flows equal those of its file
+    analysed alone. packets.parquet ``if_id`` stays the section's own number, as tshark's frame.interface_id."""
+    if shutil.which("editcap") is None:
+        pytest.fail("editcap (Wireshark) is not installed (the README's test command installs it)")
+    parts = []
+    for name in ("v6_185000.snd", "v6_185000.rcv"):
+        p = tmp_path / f"{name}.pcapng"
+        subprocess.run(["editcap", "-F", "pcapng", str(KERNEL / f"{name}.pcap"), str(p)], check=True,
+                       capture_output=True)
+        parts.append(p)
+    both = tmp_path / "sections.pcapng"
+    both.write_bytes(b"".join(p.read_bytes() for p in parts))
+    got = analyze(both, outdir=tmp_path / "both", audit=False, packets=True)
+    assert sorted(got.flows.if_id.unique()) == [0, 1]
+    cols = ["src", "dst", "sport", "dport", "packets", "payload_bytes", "retransmissions", "out_of_order",
+            "capture_gap_bytes", "superpackets", "max_superpacket_len"]
+    for if_gid, part in enumerate(parts):
+        alone = analyze(part, outdir=tmp_path / f"alone{if_gid}", audit=False).flows
+        mine = got.flows[got.flows.if_id == if_gid][cols].reset_index(drop=True)
+        assert len(mine) >= 2 and mine.equals(alone[cols].reset_index(drop=True)), if_gid
+    want = [int(r["frame.interface_id"]) for r in tshark_fields(both, ["frame.interface_id"])]
+    assert got.packets.if_id.tolist() == want

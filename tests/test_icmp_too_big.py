@@ -45,7 +45,7 @@ def _tshark(cap) -> dict[int, tuple[int, bool]]:
             big = len(plens) > 1 and int(plens[1][0], 16) == 0  # the second IPv6 header: the quoted one
         else:
             lens, protos = fields.get("ip.len_raw", []), fields.get("ip.proto_raw", [])
-            big = len(lens) > 1 and int(lens[1][0], 16) == 0 and int(protos[1][0], 16) == 6
+            big = len(lens) > 1 and int(lens[1][0], 16) == 0 and int(protos[1][0], 16) in (6, 17)
         out[int(fields["frame.number"][0])] = (mtu, big)
     return out
 
@@ -85,8 +85,11 @@ def test_crafted_too_big_messages_match_tshark(tmp_path):
         _icmp6(2, struct.pack("!I", 1480), C.ipv6(len(seg), 6) + seg),  # IPv6, ordinary
         _icmp6(2, struct.pack("!I", 9000), C.ipv6(0, 0) + C.hbh(6, C.jumbo_opt(70000)) + seg),  # HBH Jumbo
         _icmp6(1, struct.pack("!I", 0), C.ipv6(len(seg), 6) + seg),  # destination unreachable
+        # an IPv4 length that ends after the ICMP header, a trailer that looks like a quoted BIG TCP header: not
+        # a quoted header (tshark: no quoted packet), so a plain too-big note
+        _icmp4(3, 4, struct.pack("!HH", 0, 1400), b"") + C.ipv4(len(seg), tot_len=0) + seg,
     ]
     cap = write_pcap(tmp_path / "icmp.pcap", frames)
     want = _tshark(cap)
-    assert want == {1: (1400, True), 2: (1280, False), 4: (1480, False), 5: (9000, True)}
+    assert want == {1: (1400, True), 2: (1280, False), 4: (1480, False), 5: (9000, True), 7: (1400, False)}
     assert _ours(analyze(cap, outdir=tmp_path / "o", audit=False)) == want

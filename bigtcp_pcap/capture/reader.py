@@ -64,6 +64,7 @@ class RecordBatch:
     file_off: np.ndarray  # int64, byte offset of the record header in the uncompressed stream
     epb_flags: np.ndarray | None = None  # uint32, the pcapng epb_flags option (0 when absent or pcap)
     libpcap_snap: int = 0  # the bytes of a record libpcap hands on (tcpdump -r): ``libpcap_snapshot``; 0 = all
+    if_base: int = 0  # pcapng: the interfaces of the sections before this batch's (a batch is in one section)
 
     def __post_init__(self) -> None:
         if self.epb_flags is None:
@@ -71,6 +72,12 @@ class RecordBatch:
 
     def __len__(self) -> int:
         return int(self.off.shape[0])
+
+    @property
+    def if_gid(self) -> np.ndarray:
+        """The interface numbered across pcapng sections (``if_id`` is the section's own number, as tshark's
+        frame.interface_id): a file of several sections (``cat a.pcapng b.pcapng``) holds several captures."""
+        return self.if_id if not self.if_base else self.if_id + np.uint32(self.if_base)
 
     def packet(self, i: int) -> bytes:
         o = int(self.off[i])
@@ -130,6 +137,7 @@ class CaptureReader:
         self._buf = np.empty(0, np.uint8)
         self._base = 0  # stream offset of _buf[0]
         self._frame = 1
+        self._if_base = 0  # pcapng: interfaces of the sections before the current one
         self._stream_error: tuple[str, int] | None = None
         self._const_linktype: int | None = None  # pcap: the one linktype of every record
         self._snaplen_by_if = np.zeros(0, np.int64)  # pcapng: each interface's snaplen (0: none)
@@ -215,7 +223,7 @@ class CaptureReader:
         frames = np.arange(self._frame, self._frame + n, dtype=np.uint64)
         batch = RecordBatch(self._buf, off[:n].copy(), caplen[:n].copy(), wirelen[:n].copy(), ts_ns[:n].copy(),
                             linktype[:n].copy(), if_id[:n].copy(), frames, rec_pos[:n] + self._base,
-                            None if flags is None else flags[:n].copy(), libpcap_snap)
+                            None if flags is None else flags[:n].copy(), libpcap_snap, self._if_base)
         self._frame += n
         self.info.packets += n
         const = self._const_linktype
@@ -335,6 +343,7 @@ class CaptureReader:
                         be = True
                     else:
                         raise self._err(f"bad pcapng byte-order magic {bom.hex()}", at + 8)
+                    self._if_base += ifs.n  # (the next section's interfaces are numbered after these)
                     ifs = _Interfaces()
                 blen = int.from_bytes(self._buf[rec + 4:rec + 8].tobytes(), "big" if be else "little")
                 if blen < 12 or blen % 4:

@@ -810,7 +810,8 @@ def _udp(buf, l4, end, l4_true, l4_claim, first_fragment, i, o16, o32, f_row, f_
 def _icmp_too_big(buf, l4, end, proto, i, f_row, f_code, f_val, nf, nfi):
     """An ICMPv6 Packet Too Big (type 2) or ICMPv4 Fragmentation Needed (type 3 code 4): a finding with its MTU,
     ``icmp.too_big.bigtcp`` when the quoted packet (after the 8-byte ICMP header) is a BIG TCP packet: IPv6 with
-    payload length 0 (HBH Jumbo or not), IPv4 TCP with total length 0."""
+    payload length 0 (HBH Jumbo or not), IPv4 TCP or UDP with total length 0. ``end``: the end of the ICMP
+    message (the captured bytes, and no further than the IP length: a trailer is not a quoted header)."""
     if l4 + 8 > end:
         return nf, nfi
     t = u8(buf, l4)
@@ -827,7 +828,7 @@ def _icmp_too_big(buf, l4, end, proto, i, f_row, f_code, f_val, nf, nfi):
         if v == 6 and q + 6 <= end:
             big = be16(buf, q + 4) == 0
         elif v == 4 and q + 10 <= end:
-            big = be16(buf, q + 2) == 0 and u8(buf, q + 9) == 6
+            big = be16(buf, q + 2) == 0 and (u8(buf, q + 9) == 6 or u8(buf, q + 9) == 17)
     return _finding(f_row, f_code, f_val, nf, nfi, i, F.ICMP_TOO_BIG_BIGTCP if big else F.ICMP_TOO_BIG, mtu)
 
 
@@ -974,7 +975,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     code = np.int64(TUNNEL_IPIP if l4_proto == 4 else TUNNEL_IP6IP)
             else:
                 if (l4_proto == 58 or l4_proto == 1) and frag == FRAG_NONE:
-                    nf, nfi = _icmp_too_big(buf, l4, end, l4_proto, i, f_row, f_code, f_val, nf, nfi)
+                    nf, nfi = _icmp_too_big(buf, l4, min(end, lim), l4_proto, i, f_row, f_code, f_val, nf, nfi)
                 if l4_proto != 58 and l4_proto != 59:
                     status |= ST_L4_UNKNOWN
                 break

@@ -3,7 +3,8 @@
 A capture can hold the same packet more than once: ``tcpdump -i any`` on a bridge, a router or a container host
 records a forwarded segment on the interface it came in on and again on the one it left by (Linux cooked v2
 headers name the interface: its ifindex), and a pcapng file merged from several captures holds each capture's
-copy under its own interface. Counted as one flow, every copy would be a retransmission and every byte twice.
+copy under its own interface, and a tunnel endpoint's ``-i any`` capture holds each packet encapsulated on the
+underlay and bare on the tunnel device. Counted as one flow, every copy would be a retransmission and every byte twice.
 So the flow table keys each flow direction by its capture point too (``flows/table.py`` ``point``: the pcapng
 interface id and the cooked v2 ifindex): the copies are separate rows (flows.parquet ``if_id``, ``ifindex``), each
 with its own sequence bookkeeping, GRO rebuild and ACK evidence, and the summary lists the points.
@@ -40,4 +41,5 @@ def points_text(points: list[dict]) -> str | None:
         names.append(f"{' '.join(where)} ({p['flows']:,} flows)")
     more = f" and {len(points) - 8} more" if len(points) > 8 else ""
     return (f"{len(points)}: " + ", ".join(names) + more + ". A flow row per point: a connection seen at two "
-            "points (a forwarded packet on its way in and out) is two rows, and its copies are not retransmissions")
+            "points (a forwarded packet on its way in and out, a tunnelled one on the underlay and on the tunnel "
+            "device) is two rows, and its copies are not retransmissions")

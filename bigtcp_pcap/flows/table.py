@@ -924,7 +924,7 @@ class FlowTable:
             room = min(n - i, max(self.NEW_FLOWS_STEP, self.alive // 4))
             self._reserve(room, n - i)
             i = int(flow_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, pb.tcp_payload_len, pb.wirelen,
-                                pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, pb.if_id,
+                                pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, pb.if_gid,
                                 pb.ifindex, self._TO, self.F,
                                 self.KY, self.H, self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC,
                                 self.EN, self.FREE, self.ZL, self.ST, fid, i, room))

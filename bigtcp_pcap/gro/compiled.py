@@ -766,7 +766,7 @@ def prepare_compiled(b: PacketBatch, fid: np.ndarray, cfg: GroConfig) -> Prepare
     c = np.array([rules.r14_2_kept_flags(cfg), int(cfg.treat_padding_as_flush)], np.int64)
     _prepare_kernel(b.ip_version, b.l4_proto, b.l4_off, fid, b.status, b.ip_hdr_len, b.tunnel, b.ip_len_field, b.wirelen,
                     b.l3_off, b.ip_evil, b.tcp_hdr_len, b.tcp_flags, b.tcp_win, b.ttl, b.tos, b.df, b.l2_hash, b.vlan,
-                    b.if_id, src, dst, b.sport, b.dport, b.flow_label, b.ext_hash, c, kind, flushmark, flagword,
+                    b.if_gid, src, dst, b.sport, b.dport, b.flow_label, b.ext_hash, c, kind, flushmark, flagword,
                     l3word, hdr_len, c1, c6, c7)
     z = np.zeros(0, np.int64)
     key_cols = (b.l2_hash, c1, src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], c6, c7, b.ext_hash)

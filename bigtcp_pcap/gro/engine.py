@@ -639,7 +639,7 @@ def cap_next(nxt: np.ndarray, window: int | None) -> np.ndarray:
 def _receivers(receiver: np.ndarray | None, batch: PacketBatch) -> np.ndarray:
     """``feed``'s receiver column as int64 (default: the capture interface); ValueError unless one per packet."""
     if receiver is None:
-        return batch.if_id.astype(np.int64)
+        return batch.if_gid.astype(np.int64)
     rx = np.asarray(receiver)
     if rx.shape != (len(batch),) or (rx.size and rx.min() < 0):
         raise ValueError(f"receiver must have one index >= 0 per packet: shape {rx.shape}, {len(batch)} packets")

@@ -552,7 +552,7 @@ class AckEvidence:
             src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
             dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
             evidence_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
-                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.if_id, pb.ifindex, pb.tcp_sack_blocks, pb.tcp_sack_left,
+                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.if_gid, pb.ifindex, pb.tcp_sack_blocks, pb.tcp_sack_left,
                           pb.tcp_sack_right, pb.ts_ns,
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
                           np.int64(BUSY_MAX_NS), self._T, self._FLAG, self._PREV, self._CK,

@@ -116,7 +116,7 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
         | (b.sport.astype(np.uint64) << np.uint64(16)) | b.dport.astype(np.uint64)
     # R4 (l2 header, VLAN, ingress interface), R6/R10 (addresses, protocol/nexthdr, flow label, ext headers),
     # R13 (ports): the exact key a held entry must share with a new packet.
-    key_cols = (b.l2_hash, (b.vlan.astype(np.uint64) << np.uint64(32)) | b.if_id.astype(np.uint64),
+    key_cols = (b.l2_hash, (b.vlan.astype(np.uint64) << np.uint64(32)) | b.if_gid.astype(np.uint64),
                 src[:, 0], src[:, 1], dst[:, 0], dst[:, 1], proto_ports, label, b.ext_hash)
     flow_hash = flow_hash_of(ver, key_cols) if (row_hash or dedupe) else None
     if not dedupe:

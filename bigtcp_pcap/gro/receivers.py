@@ -176,7 +176,7 @@ class Receivers:
         self._reserve_peers(n)
         uk, key = np.empty((n, 4), np.uint64), np.empty((n, 4), np.uint64)
         tab, inv = np.empty(1 << (2 * n).bit_length(), np.int64), np.empty(n, np.int64)
-        u = receiver_keys(pb.linktype, rb.caplen, pb.ip_version, np.ascontiguousarray(pb.dst), pb.if_id, rb.buf,
+        u = receiver_keys(pb.linktype, rb.caplen, pb.ip_version, np.ascontiguousarray(pb.dst), pb.if_gid, rb.buf,
                           rb.off, self._pk, self._pv, self._pu, self._pst, uk, tab, inv, key)
         # ids are given to new receivers in the byte order of their keys (as np.unique over the keys did)
         raw = [uk[j].tobytes() for j in range(u)]

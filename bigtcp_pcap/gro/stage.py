@@ -64,7 +64,7 @@ class GroStage:
     def feed(self, rb: RecordBatch, pb: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
         rx = self.receivers.assign(rb, pb) if self.config.split_receivers else None
         if rx is None and len(pb):
-            self._interfaces = max(self._interfaces, int(pb.if_id.max()) + 1)
+            self._interfaces = max(self._interfaces, int(pb.if_gid.max()) + 1)
         self.last_receivers = rx
         if self._evidence is None:
             return self.engine.feed(pb, flow_id, receiver=rx)

@@ -95,6 +95,8 @@ local FINDINGS = {
     { "ipv4.totlen_lt_header", "error", "IPv4 total length {value} is smaller than its header" },
     { "udp.bad_length", "warn", "UDP length {value} disagrees with the IP payload length" },
     { "ipv6.exthdr.too_many", "warn", "more than {value} IPv6 extension headers; stopped walking" },
+    { "icmp.too_big.bigtcp", "warn", "ICMP Packet Too Big / Fragmentation Needed (MTU {value}) answering a BIG TCP packet (the quoted header: IPv6 payload length 0, or IPv4 total length 0 with TCP or UDP): a hop did not forward that super-packet, so its bytes are resent (retransmissions)" },
+    { "icmp.too_big", "note", "ICMP Packet Too Big / Fragmentation Needed (MTU {value}): path MTU discovery" },
     { "frame.truncated.l2", "note", "link-layer header cut by the snaplen (caplen {value})" },
     { "frame.truncated.ip", "note", "IP header or extension header chain cut by the snaplen (caplen {value})" },
     { "frame.truncated.l4", "note", "TCP/UDP header cut by the snaplen (caplen {value})" },
