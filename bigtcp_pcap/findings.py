@@ -34,9 +34,9 @@ _CODES = [
     Code(10, "ipv6.jumbo.bad_length", ERROR, "Jumbo Payload option data length {value} != 4"),
     # zero length fields that are not plausible BIG TCP / TSO
     Code(20, "ipv6.plen0.not_tcp_udp", WARN, "IPv6 payload length 0 without Jumbo option, next header {value} "
-         "is not TCP/UDP: not presumed BIG TCP, length left at 0"),
-    Code(21, "ipv4.totlen0.not_tcp_udp", WARN, "IPv4 total length 0, protocol {value} is not TCP/UDP: not "
-         "presumed BIG TCP/TSO, length left at the header"),
+         "is not TCP/UDP or a tunnel (4, 41, 47): not presumed BIG TCP, length left at 0"),
+    Code(21, "ipv4.totlen0.not_tcp_udp", WARN, "IPv4 total length 0, protocol {value} is not TCP/UDP or a tunnel "
+         "(4, 41, 47): not presumed BIG TCP/TSO, length left at the header"),
     Code(22, "ipv4.len_exceeds_frame", WARN, "IPv4 total length exceeds the frame by {value} bytes"),
     Code(23, "ipv6.plen_exceeds_frame", WARN, "IPv6 payload length exceeds the frame by {value} bytes"),
     Code(24, "ipv4.bad_ihl", ERROR, "IPv4 header length {value} < 20"),

@@ -535,6 +535,15 @@ def _udp_tunnel(buf, l4, end, dp):
 
 
 @njit(cache=True, inline="always")
+def _gso_proto(p):
+    """Protocols whose packets a Linux GSO/GRO super-packet can be, so that an IP length field of 0 is presumed
+    to be one (the kernel writes 0 for any skb past 64 KiB): TCP, UDP, and the tunnels it segments through
+    (IP-in-IP 4, IPv6-in-IP 41, GRE 47: a GRE, ERSPAN or ip6gre device with raised GSO limits around BIG TCP)."""
+    return p == 6 or p == 17 or p == 4 or p == 41 or p == 47
+
+
+
+@njit(cache=True, inline="always")
 def _ipv4(buf, q, end, frame_l3, i, o8, o16, o32, src, dst, f_row, f_code, f_val, nf, nfi):
     """The IPv4 header at q. Returns (status bits, true L3 length (never past the wire), claimed L3 length,
     L4 offset or -1 to stop, protocol, FRAG_* state, nf, nfi)."""
@@ -566,7 +575,7 @@ def _ipv4(buf, q, end, frame_l3, i, o8, o16, o32, src, dst, f_row, f_code, f_val
         dst[i, k] = u8(buf, q + 16 + k)
     o32[U32_IP_LEN_FIELD, i] = tot
     if tot == 0:
-        if proto == 6 or proto == 17:
+        if _gso_proto(proto):
             o8[U8_BIGTCP, i] = BIGTCP_V4_TOTLEN0
             claim = frame_l3
         else:
@@ -701,7 +710,7 @@ def _ipv6(buf, q, end, frame_l3, i, o8, o16, o32, o64, src, dst, f_row, f_code, 
             nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.JUMBO_MISSING, 0)
         elif trunc:
             claim = frame_l3  # cannot tell; the truncation finding says so
-        elif nxt == 6 or nxt == 17:
+        elif _gso_proto(nxt):
             o8[U8_BIGTCP, i] = BIGTCP_V6_PLEN0
             claim = frame_l3
         else:
