@@ -474,7 +474,8 @@ def _finding_columns(fr: FindingRows) -> dict[str, list]:
             "message": [c.template.format(value=v) for c, v in zip(codes, fr.value.tolist())]}
 
 
-_TOP_KEYS = ("flow_id", "src", "dst", "sport", "dport", "if_id", "ifindex", "packets", "payload_bytes", "bigtcp_packets", "mss",
+_TOP_KEYS = ("flow_id", "src", "dst", "sport", "dport", "if_id", "ifindex", "direction",
+             "packets", "payload_bytes", "bigtcp_packets", "mss",
              "p50_payload_len", "max_payload_len", "superpackets", "p50_superpacket_len", "max_superpacket_len",
              "retransmissions", "out_of_order", "capture_gap_bytes", "poll_ends_evidenced", "poll_ends_guessed")
 _KEEP_TOP = max(5, D.TOP_FLOWS)  # the summary's top flows and the diagnosis's

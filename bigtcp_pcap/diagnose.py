@@ -486,7 +486,8 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
                     entry["text"] += ("; raising it alone builds nothing larger here: the sender's own bursts end "
                                       "at the same size (PSH), so its gso_max_size / TSO size must go up too")
             reasons.append(entry)
-        f = {k: flow_cols[k][i] for k in ("flow_id", "src", "dst", "sport", "dport", "if_id", "ifindex", "ip_version",
+        f = {k: flow_cols[k][i] for k in ("flow_id", "src", "dst", "sport", "dport", "if_id", "ifindex", "direction",
+                                          "ip_version",
                                           "payload_bytes") if k in flow_cols}
         f["reasons"] = reasons
         f["text"] = _flow_text(f)

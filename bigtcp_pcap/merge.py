@@ -32,7 +32,7 @@ from .output.parquet import FLOWS_SCHEMA, MERGE_ROWS, TableSink, read_metadata
 from .output.tables import BY_NAME
 from .split import Part
 
-KEY = ["ip_version", "src", "dst", "sport", "dport", "if_id", "ifindex"]  # (the last two: the capture point)
+KEY = ["ip_version", "src", "dst", "sport", "dport", "if_id", "ifindex", "direction"]  # (the last 3: the point)
 SUMS = ["packets", "payload_bytes", "wire_bytes", "bigtcp_packets", "superpackets", "poll_ends_evidenced",
         "poll_ends_guessed"]
 SUSPECT = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
@@ -87,8 +87,8 @@ def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
     gid = np.arange(n, dtype=np.int64)
     if n == 0:
         return gid
-    keys = list(zip(*(allf[c].fillna(0).astype(np.int64).tolist() if c in ("if_id", "ifindex") else allf[c].tolist()
-                      for c in KEY)))
+    keys = list(zip(*(allf[c].fillna(0).astype(np.int64).tolist() if c in ("if_id", "ifindex", "direction")
+                      else allf[c].tolist() for c in KEY)))
     part = allf["_part"].to_numpy()
     by_key: dict[tuple, list[int]] = {}
     for i, k in enumerate(keys):
@@ -96,7 +96,7 @@ def _group_rows(allf: pd.DataFrame, dirs: list[Path], meta: dict) -> np.ndarray:
     conns: dict[tuple, list[tuple]] = {}
     for k, rows in by_key.items():
         if part[rows[0]] != part[rows[-1]]:  # this direction is in several parts
-            rk = (k[0], k[2], k[1], k[4], k[3], *k[5:])
+            rk = (k[0], k[2], k[1], k[4], k[3], k[5], k[6], (0, 2, 1)[k[7]])  # (received <-> sent: flows/table.py)
             conns.setdefault(min(k, rk), [k, rk])
     if not conns:
         return gid

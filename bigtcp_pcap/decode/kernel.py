@@ -78,6 +78,7 @@ U32_SEQ, U32_ACK, U32_TCP_PAYLOAD = _R("tcp_seq"), _R("tcp_ack"), _R("tcp_payloa
 U32_TS_VAL, U32_TS_ECR, U32_UDP_LEN = _R("tcp_ts_val"), _R("tcp_ts_ecr"), _R("udp_len")
 U32_SACK_LEFT, U32_SACK_RIGHT = _R("tcp_sack_left"), _R("tcp_sack_right")
 U32_IFINDEX = _R("ifindex")
+U8_DIRECTION = _R("direction")
 U16_STATUS, U16_L2_LEN, U16_VLAN, U16_IP_HDR_LEN = _R("status"), _R("l2_len"), _R("vlan"), _R("ip_hdr_len")
 U16_IP_ID, U16_EXT_LEN, U16_SPORT, U16_DPORT = _R("ip_id"), _R("ext_len"), _R("sport"), _R("dport")
 U16_FLAGS, U16_WIN, U16_MSS = _R("tcp_flags"), _R("tcp_win"), _R("tcp_mss")
@@ -815,6 +816,15 @@ def _udp(buf, l4, end, l4_true, l4_claim, first_fragment, i, o16, o32, f_row, f_
     return np.int64(0), ulen, dp, nf, nfi
 
 
+@njit(cache=True, inline="always")
+def _direction(pkttype):
+    """A Linux packet type as the ``direction`` column: received (host, broadcast, multicast, other host: 1),
+    sent (outgoing: 2), else 0."""
+    if pkttype <= 3:
+        return np.uint8(1)
+    return np.uint8(2) if pkttype == 4 else np.uint8(0)
+
+
 @njit(cache=True)
 def _icmp_too_big(buf, l4, end, proto, i, f_row, f_code, f_val, nf, nfi):
     """An ICMPv6 Packet Too Big (type 2) or ICMPv4 Fragmentation Needed (type 3 code 4): a finding with its MTU,
@@ -885,6 +895,9 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 etype, pos, trunc = _link(buf, l2s, end, method, rflags)
             if method == L2_SLL2 and not trunc:
                 o32[U32_IFINDEX, i] = be32(buf, l2s + 4)
+                o8[U8_DIRECTION, i] = _direction(u8(buf, l2s + 10))
+            elif method == L2_SLL and not trunc:
+                o8[U8_DIRECTION, i] = _direction(be16(buf, l2s))
             if not trunc:
                 etype, pos, vlan, trunc, lim = _demux(buf, etype, pos, end, vlan, lim)
             if trunc:

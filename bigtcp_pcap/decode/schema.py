@@ -85,6 +85,8 @@ COLUMNS: tuple[Column, ...] = (
     C("if_id", np.uint32, "record", "pcapng interface id (0 for pcap)", "u32"),
     C("if_gid", np.uint32, "record", "the pcapng interface numbered across sections (if_id plus the interfaces of "
       "the sections before): one capture point per interface of each section"),
+    C("direction", np.uint8, "u8", "the capturing host received (1) or sent (2) the frame, as the packet type of a "
+      "Linux cooked header (v1 or v2) says; null (0) when the link header does not say", "u8", "zero"),
     C("ifindex", np.uint32, "u32", "the capturing host's interface index in a Linux cooked v2 header (tcpdump -i "
       "any); null (0) when the link header carries none", "u32", "zero"),
     C("flow_id", np.int64, "flows", "the flow table's id of the flow direction", "i64", "no_flow"),

@@ -49,8 +49,8 @@ NST = 10
 # --- output row of an ended flow (R) ----------------------------------------------------------------------
 (R_FID, R_VER, R_SPORT, R_DPORT, R_FIRST, R_TS0, R_TS1, R_PACKETS, R_PAYLOAD, R_WIRE, R_BIG, R_MAXP, R_MSS,
  R_P50, R_P99, R_SP, R_S50, R_S99, R_SMAX, R_RETRANS, R_OOO, R_GAP, R_FINRST, R_CUT_EV, R_CUT_GU, R_IFID,
- R_IFINDEX) = range(27)
-NR = 27
+ R_IFINDEX, R_DIR) = range(28)
+NR = 28
 
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
 POINT = "_point"  # and for their capture points (``point``: one word each), for the summary
@@ -329,10 +329,21 @@ def _digest(w, s0, s1, d0, d1, p):
 
 
 @njit(cache=True, inline="always")
-def point(if_id, ifindex):
-    """The capture point of a packet as one key word: the pcapng interface and the interface index a Linux cooked
-    v2 header names (tcpdump -i any). The same packet seen at two points is two flows' packet, not a copy."""
-    return (np.uint64(if_id) << np.uint64(32)) | np.uint64(ifindex)
+def point(if_id, ifindex, direction):
+    """The capture point of a packet as one key word: the pcapng interface (bits 34 on), whether the capturing host
+    received or sent it (bits 32-33: a Linux cooked header's packet type, 0 when unknown) and the interface index
+    a Linux cooked v2 header names (tcpdump -i any). The same packet seen at two points is two flows' packet, not
+    a copy: a forwarded packet is received on one interface and sent on another (Linux cooked v1, which names no
+    interface, still tells the two copies apart by the direction)."""
+    return (np.uint64(if_id) << np.uint64(34)) | (np.uint64(direction) << np.uint64(32)) | np.uint64(ifindex)
+
+
+@njit(cache=True, inline="always")
+def reverse_point(p):
+    """The point where the reverse direction of a flow at ``p`` is seen: the same interface, the other way (a
+    packet the host received is answered by one it sends there)."""
+    d = (p >> np.uint64(32)) & np.uint64(3)
+    return p ^ (np.uint64(3) << np.uint64(32)) if d == 1 or d == 2 else p
 
 
 @njit(cache=True, inline="always")
@@ -347,11 +358,11 @@ def _retire(F, TAB, KY, ZL, ST, s):
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u64[:, ::1], u64[:, ::1], u16[::1], u16[::1], b1[::1], u32[::1], u32[::1], u8[::1], "
-          "i64[::1], u64[::1], u16[::1], u16[::1], u32[::1], u32[::1], u32[::1], i64[::1], i64[:, ::1], "
+          "i64[::1], u64[::1], u16[::1], u16[::1], u32[::1], u32[::1], u32[::1], u8[::1], i64[::1], i64[:, ::1], "
           "u64[:, ::1], i64[:, :, ::1], i64[::1], u64[::1], i64[::1], u64[::1], i64[::1], i64[::1], i64[::1], "
           "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], i64, i64"))
 def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, frame, flags, mss, seq, if_id, ifindex,
-                TO, F, KY, H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid, start, room):
+                direction, TO, F, KY, H, TAB, FK, FV, HK, HV, EL, EC, EN, FREE_, ZL, ST, fid, start, room):
     """One pass over rows ``start..`` of a batch: flow_id of each ``mask`` row (-1 elsewhere), new flows,
     counters, histogram, sequence bookkeeping. The caller guarantees room for ``room`` new flows and one
     histogram entry per row; the pass stops before the row that would need flow ``room + 1`` and returns its
@@ -369,7 +380,7 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
         t = ts[i]
         w = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(sport[i]) << np.uint64(16)) | np.uint64(dport[i])
         s0, s1, d0, d1 = src[i, 0], src[i, 1], dst[i, 0], dst[i, 1]
-        p = point(if_id[i], ifindex[i])
+        p = point(if_id[i], ifindex[i], direction[i])
         if prev >= 0 and w == pw and s0 == ps0 and s1 == ps1 and d0 == pd0 and d1 == pd1 and p == pp \
                 and F[prev, F_STATE] == ALIVE:
             f = prev  # bursts of one flow skip the digest and the table
@@ -413,7 +424,8 @@ def flow_kernel(ver, src, dst, sport, dport, mask, plen, wirelen, bigtcp, ts, fr
             ST[S_FM_FILL] += _hm_insert(FK, FV, fk, _fmix(_SEED, fk), f)
             # the reverse direction, when alive and not ended: both directions end together
             rw = (np.uint64(ver[i]) << np.uint64(32)) | (np.uint64(dport[i]) << np.uint64(16)) | np.uint64(sport[i])
-            r = _find(TAB, KY, rw, d0, d1, s0, s1, p, _digest(rw, d0, d1, s0, s1, p))
+            rp = reverse_point(p)
+            r = _find(TAB, KY, rw, d0, d1, s0, s1, rp, _digest(rw, d0, d1, s0, s1, rp))
             if r >= 0:
                 if _ended(F, r, t, idle, close):
                     _retire(F, TAB, KY, ZL, ST, r)
@@ -646,7 +658,8 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
         R[rows, R_FINRST] = F[s, F_FINRST]
         R[rows, R_CUT_EV] = F[s, F_CUT_EV]
         R[rows, R_CUT_GU] = F[s, F_CUT_GU]
-        R[rows, R_IFID] = np.int64(KY[s, 6] >> np.uint64(32))
+        R[rows, R_IFID] = np.int64(KY[s, 6] >> np.uint64(34))
+        R[rows, R_DIR] = np.int64((KY[s, 6] >> np.uint64(32)) & np.uint64(3))
         R[rows, R_IFINDEX] = np.int64(KY[s, 6] & np.uint64(0xFFFFFFFF))
         for c in range(5):
             RK[rows, c] = KY[s, c]
@@ -925,7 +938,7 @@ class FlowTable:
             self._reserve(room, n - i)
             i = int(flow_kernel(pb.ip_version, src, dst, pb.sport, pb.dport, tcp, pb.tcp_payload_len, pb.wirelen,
                                 pb.bigtcp, pb.ts_ns, pb.frame, pb.tcp_flags, pb.tcp_mss, pb.tcp_seq, pb.if_gid,
-                                pb.ifindex, self._TO, self.F,
+                                pb.ifindex, pb.direction, self._TO, self.F,
                                 self.KY, self.H, self.TAB, self.FK, self.FV, self.HK, self.HV, self.EL, self.EC,
                                 self.EN, self.FREE, self.ZL, self.ST, fid, i, room))
         return fid
@@ -1035,6 +1048,7 @@ class FlowTable:
             "sport": R[:, R_SPORT].astype(np.uint16), "dport": R[:, R_DPORT].astype(np.uint16),
             "if_id": R[:, R_IFID].astype(np.uint32),
             "ifindex": array(R[:, R_IFINDEX].astype(np.uint32), pa.uint32(), R[:, R_IFINDEX] == 0),
+            "direction": array(R[:, R_DIR].astype(np.uint8), pa.uint8(), R[:, R_DIR] == 0),
             "first_frame": R[:, R_FIRST].astype(np.uint64),
             "ts_first_ns": R[:, R_TS0].view("datetime64[ns]"), "ts_last_ns": R[:, R_TS1].view("datetime64[ns]"),
             "packets": R[:, R_PACKETS].astype(np.uint64), "payload_bytes": R[:, R_PAYLOAD].astype(np.uint64),

@@ -46,7 +46,7 @@ import numpy as np
 from .._native import njit, prefetch
 from ..buffers import lazy_zeros
 from ..decode.schema import TH_ACK, PacketBatch
-from ..flows.table import EMPTY, _digest, _fmix, point
+from ..flows.table import EMPTY, _digest, _fmix, point, reverse_point
 
 _U32 = np.uint64(0xFFFFFFFF)
 _NO_KEY = np.uint64(0)  # no ACK key is known absent (an ACK key whose digest is 0 is then not looked up: 2**-64)
@@ -76,7 +76,7 @@ def _directions(v, s0, s1, d0, d1, sp, dp, p):
     digests its keys: the reverse direction's ACKs count where they were captured, beside the data)."""
     vw = np.uint64(v) << np.uint64(32)
     return (_digest(vw | (np.uint64(sp) << np.uint64(16)) | np.uint64(dp), s0, s1, d0, d1, p),
-            _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1, p))
+            _digest(vw | (np.uint64(dp) << np.uint64(16)) | np.uint64(sp), d0, d1, s0, s1, reverse_point(p)))
 
 
 @njit(cache=True, inline="always")
@@ -223,8 +223,8 @@ AHEAD = 8  # rows between a row's digests and prefetches and its turn in ``evide
 
 
 @njit(cache=True, inline="always")
-def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, row0, gshift, size,
-           tmask, T, CK, CU, CI, DG):
+def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, pdir, row0, gshift,
+           size, tmask, T, CK, CU, CI, DG):
     """Row ``ia``'s two direction digests into DG (ring slot ``ia & 15``: forward, reverse, 1 when it is a TCP
     row the scan looks at), and a prefetch of the table slots its turn will probe: the scan reaches it
     ``AHEAD`` rows later, and by then the cache misses of those random slots have overlapped the rows in
@@ -238,11 +238,12 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
     p = (ia - 1) & 15
     if ia > 0 and DG[p, 2] != 0 and ver[ia - 1] == v and sport[ia - 1] == sport[ia] and dport[ia - 1] == dport[ia] \
             and src[ia - 1, 0] == src[ia, 0] and src[ia - 1, 1] == src[ia, 1] and dst[ia - 1, 0] == dst[ia, 0] \
-            and dst[ia - 1, 1] == dst[ia, 1] and ifid[ia - 1] == ifid[ia] and ifx[ia - 1] == ifx[ia]:
+            and dst[ia - 1, 1] == dst[ia, 1] and ifid[ia - 1] == ifid[ia] and ifx[ia - 1] == ifx[ia] \
+            and pdir[ia - 1] == pdir[ia]:
         f, rv = DG[p, 0], DG[p, 1]
     else:
         f, rv = _directions(v, src[ia, 0], src[ia, 1], dst[ia, 0], dst[ia, 1], sport[ia], dport[ia],
-                            point(ifid[ia], ifx[ia]))
+                            point(ifid[ia], ifx[ia], pdir[ia]))
     DG[q, 0], DG[q, 1], DG[q, 2] = f, rv, 1
     ha = ((row0 + ia) >> gshift & 1) * size
     if plen[ia] > 0:
@@ -265,13 +266,11 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
 
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
-           "u64[:, ::1], u32[::1], u32[::1], u8[::1], u32[::1], u32[::1], i64[::1], i64, i64, i64, i64, i64[::1], "
-           "u8[::1], "
-           "i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
+           "u64[:, ::1], u32[::1], u32[::1], u8[::1], u8[::1], u32[::1], u32[::1], i64[::1], i64, i64, i64, i64, "
+           "i64[::1], u8[::1], i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
            "i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
-def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, sack, sackl, sackr, ts,
-                  row0,
-                  window, gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
+def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, pdir, sack, sackl,
+                  sackr, ts, row0, window, gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
                   LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
@@ -317,11 +316,11 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     n = ver.shape[0]
     absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
     for ia in range(min(AHEAD, n)):
-        _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, row0, gshift, size,
-               tmask, T, CK, CU, CI, DG)
+        _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, pdir, row0, gshift,
+               size, tmask, T, CK, CU, CI, DG)
     for i in range(n):
         if i + AHEAD < n:
-            _ahead(i + AHEAD, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, row0,
+            _ahead(i + AHEAD, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, pdir, row0,
                    gshift, size, tmask, T, CK, CU, CI, DG)
         r = row0 + i
         FLAG[r & rmask] = 0
@@ -552,7 +551,7 @@ class AckEvidence:
             src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
             dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
             evidence_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
-                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.if_gid, pb.ifindex, pb.tcp_sack_blocks, pb.tcp_sack_left,
+                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.if_gid, pb.ifindex, pb.direction, pb.tcp_sack_blocks, pb.tcp_sack_left,
                           pb.tcp_sack_right, pb.ts_ns,
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
                           np.int64(BUSY_MAX_NS), self._T, self._FLAG, self._PREV, self._CK,

@@ -47,6 +47,7 @@ PACKETS_SCHEMA = pa.schema([(c.name, _parquet_type(c.parquet)) for c in COLUMNS 
 FLOWS_SCHEMA = pa.schema([
     ("flow_id", pa.int64()), ("ip_version", pa.uint8()), ("src", pa.string()), ("dst", pa.string()),
     ("sport", pa.uint16()), ("dport", pa.uint16()), ("if_id", pa.uint32()), ("ifindex", pa.uint32()),
+    ("direction", pa.uint8()),
     ("first_frame", pa.uint64()),
     ("ts_first_ns", TS_TYPE), ("ts_last_ns", TS_TYPE), ("packets", pa.uint64()),
     ("payload_bytes", pa.uint64()), ("wire_bytes", pa.uint64()), ("bigtcp_packets", pa.uint64()),

@@ -145,7 +145,8 @@ def flow_name(f) -> str:
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else v  # (a pandas NaN: no point)
     at = "".join(f" @{name} {int(v)}" for name, v in (("interface", get("if_id")), ("ifindex", get("ifindex")))
                  if v)
-    return f"{get('src')}.{get('sport')} > {get('dst')}.{get('dport')}{at}"
+    way = {1: " (received)", 2: " (sent)"}.get(int(get("direction") or 0), "")
+    return f"{get('src')}.{get('sport')} > {get('dst')}.{get('dport')}{at}{way}"
 
 
 def render_diagnosis(diag: dict, console: Console) -> None:
