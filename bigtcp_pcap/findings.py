@@ -74,7 +74,8 @@ _CODES = [
     Code(68, "capture.empty", NOTE, "the capture holds no packets ({value} bytes): nothing to analyse (tshark "
          "reads it as a capture of none)"),
     Code(61, "capture.tcp_port_filter_suspected", WARN, "IPv6 TCP flows show {value} bytes of sequence gaps and no "
-         "Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP"),
+         "Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP, or it lost "
+         "packets (a full capture buffer: tcpdump's 'dropped by kernel')"),
 ]
 
 BY_ID: dict[int, Code] = {c.id: c for c in _CODES}

@@ -40,6 +40,25 @@ def _frames() -> list[tuple[bytes, int]]:
     return frames + [(esp, len(esp) + 1000)]
 
 
+def test_vxlan_super_packet_udp_length_mod_2_16(tmp_path):
+    """A VXLAN super-packet past 64 KiB (outer IPv4 total length 0) carries its UDP length modulo 2**16, as the
+    kernel writes it: not a bad UDP length, and the inner BIG TCP packet is whole: its TCP length is what tshark
+    reads in the inner Jumbo Payload option less the HBH and TCP headers. (tshark bounds the inner packet by the UDP length
+    field and so shows a TCP length 2**16 short.)"""
+    t = C.tcp()
+    inner = C.eth(0x86DD) + C.ipv6(0, 0) + C.hbh(6, C.jumbo_opt(8 + len(t) + P)) + t
+    udp_len = 8 + 8 + len(inner) + P
+    head = (C.eth(0x0800) + C.ipv4(0, proto=17, tot_len=0) + struct.pack("!HHHH", 40000, 4789, udp_len & 0xFFFF, 0)
+            + struct.pack("!II", 0x08000000, 42 << 8) + inner)
+    cap = write_pcap(tmp_path / "vx.pcap", [(head, len(head) + P)], snaplen=256)
+    ts = tshark_fields(cap, ["ipv6.opt.jumbo", "tcp.hdr_len", "tcp.len"])
+    want = [int(r["ipv6.opt.jumbo"]) - 8 - int(r["tcp.hdr_len"]) for r in ts]  # (less the 8-byte HBH header)
+    res = analyze(cap, outdir=tmp_path / "o", audit=False, packets=True)
+    assert want == [P] and res.packets.tcp_payload_len.tolist() == want
+    assert [int(r["tcp.len"]) for r in ts] == [P % 2**16]
+    assert res.findings.empty  # (no udp.bad_length: the column describes the innermost packet, TCP here)
+
+
 def test_tunnel_with_outer_length_0_matches_tshark(tmp_path):
     cap = write_pcap(tmp_path / "len0.pcap", _frames(), snaplen=256)
     want = [int(r["tcp.len"]) if r["tcp.len"] else None for r in tshark_fields(cap, ["tcp.len"])]

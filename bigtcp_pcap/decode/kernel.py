@@ -543,7 +543,6 @@ def _gso_proto(p):
     return p == 6 or p == 17 or p == 4 or p == 41 or p == 47
 
 
-
 @njit(cache=True, inline="always")
 def _ipv4(buf, q, end, frame_l3, i, o8, o16, o32, src, dst, f_row, f_code, f_val, nf, nfi):
     """The IPv4 header at q. Returns (status bits, true L3 length (never past the wire), claimed L3 length,
@@ -810,6 +809,8 @@ def _udp(buf, l4, end, l4_true, l4_claim, first_fragment, i, o16, o32, f_row, f_
     ulen = np.int64(be16(buf, l4 + 4))
     if ulen == 0:
         ulen = l4_true  # RFC 2675 section 4: UDP length 0 in a jumbogram
+    elif l4_claim > 65535 and ulen == (l4_claim & 0xFFFF):
+        ulen = l4_true  # a GSO super-packet past 64 KiB (a UDP tunnel around BIG TCP): the field holds it mod 2**16
     elif ulen != l4_claim and not (first_fragment and ulen > l4_claim):
         nf, nfi = _finding(f_row, f_code, f_val, nf, nfi, i, F.UDP_BAD_LENGTH, ulen)
     o32[U32_UDP_LEN, i] = ulen

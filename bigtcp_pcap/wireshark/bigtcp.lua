@@ -103,7 +103,7 @@ local FINDINGS = {
     { "frame.wirelen_lt_caplen", "warn", "original length {value} is smaller than the captured length" },
     { "frame.unknown_linktype", "warn", "linktype {value} is not decoded" },
     { "capture.partial", "error", "the capture could not be read to its end: {value}" },
-    { "capture.tcp_port_filter_suspected", "warn", "IPv6 TCP flows show {value} bytes of sequence gaps and no Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP" },
+    { "capture.tcp_port_filter_suspected", "warn", "IPv6 TCP flows show {value} bytes of sequence gaps and no Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP, or it lost packets (a full capture buffer: tcpdump's 'dropped by kernel')" },
     { "capture.snaplen_exceeded", "note", "records longer than the snaplen {value} were read whole (as Wireshark does; libpcap cuts them to the snaplen in a pcap file, and stops at the first one in a pcapng file)" },
     { "capture.interrupted", "error", "the run was interrupted ({value}): the tables hold the frames read before it" },
     { "capture.undefined_interface", "warn", "packet blocks name interface {value}, which no Interface Description Block defines: skipped" },
