@@ -348,6 +348,7 @@ class _Run:
         self.flows.release()
         if not self.sink_findings.failed:
             _suspect_filtered_capture(self.flow_sum, self.stats, self.sink_findings)
+            _capture_drops(self.info, self.stats, self.sink_findings)
             notes = self.info.notes.rows()
             if notes["frame"]:
                 self.sink_findings.write_columns(notes)
@@ -508,6 +509,16 @@ class _FlowSummary:
     def columns(self) -> dict[str, list]:
         """The kept top flows as columns (what ``diagnose`` reads)."""
         return {k: [r[k] for r in self.top] for k in (*_TOP_KEYS, "ip_version")}
+
+
+def _capture_drops(info: CaptureInfo, stats: _Stats, sink) -> None:
+    """One capture-level finding per interface whose statistics block counts dropped packets."""
+    code = F.BY_ID[F.CAPTURE_DROPPED]
+    for if_gid, n in sorted(info.dropped.items()):
+        if n:
+            sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
+                                "message": [f"{code.template.format(value=n)} (interface {if_gid})"]})
+            stats.findings[code.code] += 1
 
 
 def _suspect_filtered_capture(flow_sum: _FlowSummary, stats: _Stats, sink) -> None:

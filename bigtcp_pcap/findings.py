@@ -73,6 +73,9 @@ _CODES = [
          "1970 (years 1677-2262): left null in packets.parquet"),
     Code(68, "capture.empty", NOTE, "the capture holds no packets ({value} bytes): nothing to analyse (tshark "
          "reads it as a capture of none)"),
+    Code(69, "capture.dropped", WARN, "the capture's own statistics (pcapng Interface Statistics Block) say "
+         "the capturing system dropped {value} packets: sequence gaps, missing segments and resends there may be "
+         "the capture's, not the network's"),
     Code(61, "capture.tcp_port_filter_suspected", WARN, "IPv6 TCP flows show {value} bytes of sequence gaps and no "
          "Hop-by-Hop packets: the capture was probably taken with a 'tcp port' filter that drops BIG TCP, or it lost "
          "packets (a full capture buffer: tcpdump's 'dropped by kernel')"),
@@ -90,7 +93,7 @@ TRUNC_L2, TRUNC_IP, TRUNC_L4, WIRELEN_LT_CAPLEN, UNKNOWN_LINKTYPE = 40, 41, 42, 
 CAPTURE_PARTIAL, TCP_PORT_FILTER_SUSPECTED = 60, 61
 SNAPLEN_EXCEEDED, INTERRUPTED, UNDEFINED_INTERFACE, TPACKET_V2_CLAMP, OUTPUT_FAILED, TS_OUT_OF_RANGE = (
     62, 63, 64, 65, 66, 67)
-CAPTURE_EMPTY = 68
+CAPTURE_EMPTY, CAPTURE_DROPPED = 68, 69
 
 
 def message(code_id: int, value: int | str) -> str:

@@ -106,6 +106,9 @@ class CaptureInfo:
     linktypes: set[int] = field(default_factory=set)
     packets: int = 0
     frame_blocks: int = 0  # pcapng blocks that hold no packet but are frames to Wireshark (``walk.FRAME_BLOCK``)
+    # pcapng Interface Statistics Blocks: per interface (numbered across sections), the packets the capturing
+    # system says it dropped (isb_ifdrop + isb_osdrop; the last block of an interface: the counters are totals)
+    dropped: dict[int, int] = field(default_factory=dict)
     first_ts_ns: int | None = None
     last_ts_ns: int | None = None
     min_ts_ns: int | None = None  # the earliest and latest timestamps (records need not be in time order:
@@ -361,6 +364,8 @@ class CaptureReader:
                     raise self._err("pcapng block lengths disagree (leading vs trailing)", at)
                 if btype == walk.PCAPNG_IDB:
                     ifs.add(*self._parse_idb(block, e, at))
+                elif btype == walk.PCAPNG_ISB:
+                    self._parse_isb(block, e)
                 pos = rec + blen
                 continue
             if status == walk.NEED:
@@ -399,6 +404,26 @@ class CaptureReader:
         if start == 0 and self._buf.shape[0] >= need:
             return True
         return self._fill(start, need)
+
+    def _parse_isb(self, block: bytes, e: str) -> None:
+        """An Interface Statistics Block's drop counters into ``info.dropped`` (isb_ifdrop 5: dropped by the
+        interface or the capture buffer; isb_osdrop 7: by the operating system). A block too short or with a bad
+        option is ignored, as tshark reads the file all the same."""
+        if len(block) < 24:
+            return
+        iid = struct.unpack(e + "I", block[8:12])[0]
+        drops, seen = 0, False
+        p, end = 20, len(block) - 4
+        while p + 4 <= end:
+            code, olen = struct.unpack(e + "HH", block[p:p + 4])
+            if code == 0 or p + 4 + olen > end:
+                break
+            if code in (5, 7) and olen == 8:
+                drops += struct.unpack(e + "Q", block[p + 4:p + 12])[0]
+                seen = True
+            p += 4 + olen + (-olen % 4)
+        if seen:
+            self.info.dropped[self._if_base + iid] = drops
 
     def _parse_idb(self, block: bytes, e: str, at: int) -> tuple[int, int, int, int, int, int]:
         """(linktype, snaplen, mul, div, shift, offset seconds) of an IDB: see ``ts_resolution``."""

@@ -14,7 +14,7 @@ from .._native import njit
 
 OK, NEED, STOP_BLOCK, BAD_CAPLEN, BAD_BLOCK_LEN, BAD_TRAILER, BAD_IF, BAD_EPB_LEN, FULL, FRAME_BLOCK = range(10)
 
-PCAPNG_SHB, PCAPNG_IDB, PCAPNG_PB, PCAPNG_SPB, PCAPNG_EPB = 0x0A0D0D0A, 1, 2, 3, 6
+PCAPNG_SHB, PCAPNG_IDB, PCAPNG_PB, PCAPNG_SPB, PCAPNG_EPB, PCAPNG_ISB = 0x0A0D0D0A, 1, 2, 3, 6, 5
 # blocks that are no packet but that Wireshark shows as a frame of their own (frame.number counts them): the
 # systemd Journal Export Block and the two Custom Blocks (copyable, not copyable)
 PCAPNG_JOURNAL, PCAPNG_CB_COPY, PCAPNG_CB_NOCOPY = 9, 0x00000BAD, 0x40000BAD
@@ -138,7 +138,7 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
                 off, caplen, wirelen, ts_ns, rec_pos, linktype, if_id, flags, stats):
     """pcapng packet blocks (EPB, SPB, obsolete PB); other unknown blocks are skipped.
 
-    Stops with STOP_BLOCK at an SHB or IDB (the caller parses it and calls again), and with FRAME_BLOCK past a
+    Stops with STOP_BLOCK at an SHB, IDB or ISB (the caller parses it and calls again), and with FRAME_BLOCK past a
     block Wireshark numbers as a frame though it holds no packet (journal export, custom blocks). Returns like walk_pcap.
     A caplen above the interface's snaplen is read whole (as Wireshark does; the caller notes it); only one
     above ``max_caplen`` is corrupt. A packet block naming an interface no IDB defined is skipped and counted
@@ -157,7 +157,7 @@ def walk_pcapng(data, pos, end, be, if_linktype, if_snaplen, if_mul, if_div, if_
         blen = np.int64(rd32(data, pos + 4, be))
         if blen < 12 or blen % 4 != 0:
             return n, pos, BAD_BLOCK_LEN, blen
-        if btype == PCAPNG_IDB:
+        if btype == PCAPNG_IDB or btype == PCAPNG_ISB:
             return n, pos, STOP_BLOCK, blen
         if pos + blen > end:
             return n, pos, NEED, blen

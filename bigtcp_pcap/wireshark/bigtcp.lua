@@ -111,6 +111,7 @@ local FINDINGS = {
     { "output.write_failed", "error", "the output failed ({value}): the tables hold the frames read before it" },
     { "capture.ts_out_of_range", "warn", "timestamps of interface {value} do not fit int64 nanoseconds since 1970 (years 1677-2262): left null in packets.parquet" },
     { "capture.empty", "note", "the capture holds no packets ({value} bytes): nothing to analyse (tshark reads it as a capture of none)" },
+    { "capture.dropped", "warn", "the capture's own statistics (pcapng Interface Statistics Block) say the capturing system dropped {value} packets: sequence gaps, missing segments and resends there may be the capture's, not the network's" },
     -- END FINDINGS
 }
 local SEVERITY = { error = expert.severity.ERROR, warn = expert.severity.WARN, note = expert.severity.NOTE }
