@@ -42,4 +42,5 @@ def points_text(points: list[dict]) -> str | None:
     more = f" and {len(points) - 8} more" if len(points) > 8 else ""
     return (f"{len(points)}: " + ", ".join(names) + more + ". A flow row per point: a connection seen at two "
             "points (a forwarded packet on its way in and out, a tunnelled one on the underlay and on the tunnel "
-            "device) is two rows, and its copies are not retransmissions")
+            "device, one on a stacked device such as macvlan or VLAN and on its lower device) is two rows, and its "
+            "copies are not retransmissions")
