@@ -347,6 +347,8 @@ def _infer_version(ver: int, agg: np.ndarray, hist: np.ndarray, weight: int, cfg
                                                                      V_COUNT))
     near64 = int(hist[max(0, GRO_LEGACY_MAX_SIZE - mss):].sum()) if mss > 0 else 0
     knob = "gro_max_size" if ver == 6 else "gro_ipv4_max_size"
+    # a capture on the sending host (TSO side, loopback: no GRO there) shows its GSO size instead
+    gso = f" (its gso{'' if ver == 6 else '_ipv4'}_max_size where the capture is the sending host's, as on loopback)"
     limit = cfg.gro_max_size if ver == 6 else cfg.ipv4_limit
     d: dict[str, Any] = {"ip_version": ver, "largest_l3_len": lmax, "segments_of_largest": smax,
                          "max_segments": nmax, "at_napi_budget": at_budget, "mss": mss,
@@ -366,7 +368,8 @@ def _infer_version(ver: int, agg: np.ndarray, hist: np.ndarray, weight: int, cfg
         d["stops_at"] = "size_limit"
         d["limit_at_most"] = lmax + mss
         d["text"] = (f"IPv{ver}: super-packets stop at {lmax:,} bytes ({smax} segments), above 64 KiB: the host's "
-                     f"{knob} is between {lmax + 1:,} and {lmax + mss:,} (the next {mss}-byte segment would reach it)")
+                     f"{knob}{gso} is between {lmax + 1:,} and {lmax + mss:,} (the next {mss}-byte segment would "
+                     "reach it)")
     else:
         d["stops_at"] = "other"
         d["text"] = (f"IPv{ver}: the largest observed super-packet is {lmax:,} bytes ({smax} segments), far from "
