@@ -12,6 +12,7 @@ with its own sequence bookkeeping, GRO rebuild and ACK evidence, and the summary
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -22,6 +23,17 @@ def flows_per_point(point: np.ndarray) -> Counter:
     their points as ``flows/table.py`` ``point`` words them (``if_id << 32 | ifindex``)."""
     u, n = np.unique(np.asarray(point, np.uint64), return_counts=True)
     return Counter({(int(k >> 32), int(k & 0xFFFFFFFF)): int(c) for k, c in zip(u.tolist(), n.tolist())})
+
+
+def point_suffix(if_id, ifindex, direction) -> str:
+    """A flow name's capture point: `` @interface K`` (a pcapng interface other than the first), `` @ifindex N``
+    (a Linux cooked v2 header's), `` (received)`` / `` (sent)`` (a Linux cooked header's packet type); each part
+    only where known (None, 0 or NaN: not)."""
+    def known(v):
+        return v is not None and not (isinstance(v, float) and math.isnan(v)) and int(v) != 0
+
+    at = "".join(f" @{name} {int(v)}" for name, v in (("interface", if_id), ("ifindex", ifindex)) if known(v))
+    return at + ({1: " (received)", 2: " (sent)"}.get(int(direction), "") if known(direction) else "")
 
 
 def capture_points(points: Counter) -> list[dict]:

@@ -1008,6 +1008,15 @@ class FlowTable:
         dport = (ky[:, 0] & np.uint64(0xFFFF)).astype(np.int64).tolist()
         return [(src[i], dst[i], sport[i], dport[i], int(ver[i])) if known[i] else None for i in range(len(src))]
 
+    def points(self, flow_id: np.ndarray) -> list[tuple[int, int, int] | None]:
+        """(if_id, ifindex, direction) per flow id of flows still in memory (None for the others): the capture
+        point of ``point``, for summaries of a few flows."""
+        ky, known = self._key_rows(flow_id)
+        p = ky[:, 6]
+        if_id, ifindex = (p >> np.uint64(34)).tolist(), (p & np.uint64(0xFFFFFFFF)).tolist()
+        direction = ((p >> np.uint64(32)) & np.uint64(3)).tolist()
+        return [(if_id[i], ifindex[i], direction[i]) if known[i] else None for i in range(p.shape[0])]
+
     def expire(self, now_ns: int, held_flow_ids: np.ndarray | None = None, everything: bool = False,
                hold_from_frame: int | None = None) -> dict | None:
         """Columns (flows table) of the flows that ended by ``now_ns`` (all with ``everything``), sorted by

@@ -233,10 +233,12 @@ def _summary(info: CaptureInfo, prof: EgressProfile, c: dict, flows: FlowTable, 
              error: CaptureError | None, sp_rows: int | None, no_flow: dict[str, int]) -> dict[str, Any]:
     flow_rows = []
     live = np.flatnonzero(c["payload_in"] > 0)
-    for f, key in zip(live.tolist(), flows.keys(live)):
+    for f, key, pt in zip(live.tolist(), flows.keys(live), flows.points(live)):
         src, dst, sport, dport, _ver = key
         skbs, rows = int(c["skbs_in"][f]), int(c["rows_out"][f])
-        row = {"flow_id": f, "src": src, "dst": dst, "sport": sport, "dport": dport, "skbs_in": skbs,
+        if_id, ifindex, direction = pt if pt is not None else (0, 0, 0)
+        row = {"flow_id": f, "src": src, "dst": dst, "sport": sport, "dport": dport, "if_id": if_id,
+               "ifindex": ifindex or None, "direction": direction or None, "skbs_in": skbs,
                "super_packets_in": int(c["super_packets_in"][f]), "packets_out": rows,
                "amplification": round(rows / skbs, 3) if skbs else None,
                "payload_in": int(c["payload_in"][f]), "payload_out": int(c["payload_out"][f]),

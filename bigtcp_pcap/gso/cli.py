@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from ..errors import CaptureError
+from ..flows.points import point_suffix
 from .config import EgressProfile, ProfileError, field_docs
 
 EXIT_CLEAN, EXIT_USAGE, EXIT_CAPTURE = 0, 2, 3
@@ -139,7 +140,8 @@ def render(s: dict, out: Console) -> None:
     for f in s["flows"]:
         ep = (lambda a, port: f"[{a}]:{port}" if ":" in a else f"{a}:{port}")
         gro = f", {f['superpackets_after_gro']} super-packets after GRO" if "superpackets_after_gro" in f else ""
-        out.print(f"  {ep(f['src'], f['sport'])} > {ep(f['dst'], f['dport'])}: {f['skbs_in']} skbs in "
+        at = point_suffix(f.get("if_id"), f.get("ifindex"), f.get("direction"))
+        out.print(f"  {ep(f['src'], f['sport'])} > {ep(f['dst'], f['dport'])}{at}: {f['skbs_in']} skbs in "
                   f"({f['super_packets_in']} super-packets, max frame {f['max_frame_in']}) -> {f['packets_out']} "
                   f"out (max frame {f['max_frame_out']}), x{f['amplification']}, payload {f['payload_in']:,} -> "
                   f"{f['payload_out']:,} ({'conserved' if f['bytes_conserved'] else 'NOT conserved'}){gro}",

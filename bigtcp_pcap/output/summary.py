@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from ..flows.points import points_text
+from ..flows.points import point_suffix, points_text
 
 
 def _n(x) -> str:
@@ -143,10 +143,8 @@ def flow_name(f) -> str:
     def get(k):
         v = f.get(k) if isinstance(f, dict) else getattr(f, k, None)
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else v  # (a pandas NaN: no point)
-    at = "".join(f" @{name} {int(v)}" for name, v in (("interface", get("if_id")), ("ifindex", get("ifindex")))
-                 if v)
-    way = {1: " (received)", 2: " (sent)"}.get(int(get("direction") or 0), "")
-    return f"{get('src')}.{get('sport')} > {get('dst')}.{get('dport')}{at}{way}"
+    return (f"{get('src')}.{get('sport')} > {get('dst')}.{get('dport')}"
+            f"{point_suffix(get('if_id'), get('ifindex'), get('direction'))}")
 
 
 def render_diagnosis(diag: dict, console: Console) -> None:
