@@ -30,7 +30,7 @@ from .decode import FindingRows, PacketBatch, decode
 from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
 from .errors import BigtcpError, CaptureError, Interrupted, OutputError, UsageError, make_outdir
 from .flows.points import capture_points, flows_per_point
-from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, POINT, FlowTable
+from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, IFINDEX, FlowTable
 from .gro.config import GroConfig
 from .gro.reasons import POLL_END_NAMES
 from .gro.stage import GroStage
@@ -494,7 +494,7 @@ class _FlowSummary:
     def add(self, cols: dict) -> None:
         n = len(cols["flow_id"])
         self.count += n
-        self.points.update(flows_per_point(cols[POINT]))
+        self.points.update(flows_per_point(cols["if_id"], cols[IFINDEX]))
         v6 = (cols["ip_version"] == 6) & (cols["bigtcp_packets"] == 0)
         self.v6_gap_bytes += int(cols["capture_gap_bytes"][v6].sum(dtype=np.uint64))
         best = np.lexsort((cols["flow_id"], -cols["payload_bytes"].astype(np.int64)))[:_KEEP_TOP].tolist()
@@ -511,25 +511,27 @@ class _FlowSummary:
         return {k: [r[k] for r in self.top] for k in (*_TOP_KEYS, "ip_version")}
 
 
+def _capture_finding(sink, stats: _Stats, code_id: int, message: str) -> None:
+    """One capture-level finding row (frame 0), counted for the summary."""
+    code = F.BY_ID[code_id]
+    sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity], "message": [message]})
+    stats.findings[code.code] += 1
+
+
 def _capture_drops(info: CaptureInfo, stats: _Stats, sink) -> None:
     """One capture-level finding per interface whose statistics block counts dropped packets."""
-    code = F.BY_ID[F.CAPTURE_DROPPED]
     for if_gid, n in sorted(info.dropped.items()):
         if n:
-            sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
-                                "message": [f"{code.template.format(value=n)} (interface {if_gid})"]})
-            stats.findings[code.code] += 1
+            _capture_finding(sink, stats, F.CAPTURE_DROPPED, f"{F.message(F.CAPTURE_DROPPED, n)} (interface {if_gid})")
 
 
 def _suspect_filtered_capture(flow_sum: _FlowSummary, stats: _Stats, sink) -> None:
     """IPv6 TCP flows with sequence gaps and no HBH packets: likely a 'tcp port N' capture of BIG TCP."""
     gaps = flow_sum.v6_gap_bytes
     if gaps > 0 and stats.bigtcp[BIGTCP_NAMES.index("hbh_jumbo")] == 0:
-        code = F.BY_ID[F.TCP_PORT_FILTER_SUSPECTED]
-        sink.write_columns({"frame": [0], "code": [code.code], "severity": [code.severity],
-                            "message": [code.template.format(value=gaps)]})
-        stats.findings[code.code] += 1
-        stats.suspect.append(code.template.format(value=gaps))
+        text = F.message(F.TCP_PORT_FILTER_SUSPECTED, gaps)
+        _capture_finding(sink, stats, F.TCP_PORT_FILTER_SUSPECTED, text)
+        stats.suspect.append(text)
 
 
 class _Stats:

@@ -490,8 +490,7 @@ def diagnose(tally: SuperPacketTally, flow_cols: dict[str, list], cfg: GroConfig
                                       "at the same size (PSH), so its gso_max_size / TSO size must go up too")
             reasons.append(entry)
         f = {k: flow_cols[k][i] for k in ("flow_id", "src", "dst", "sport", "dport", "if_id", "ifindex", "direction",
-                                          "ip_version",
-                                          "payload_bytes") if k in flow_cols}
+                                          "ip_version", "payload_bytes")}
         f["reasons"] = reasons
         f["text"] = _flow_text(f)
         flows_out.append(f)

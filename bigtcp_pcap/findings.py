@@ -47,8 +47,8 @@ _CODES = [
     Code(29, "ipv6.exthdr.too_many", WARN, "more than {value} IPv6 extension headers; stopped walking"),
     # ICMP errors about a packet too big for a hop (the quoted packet's own header says what it was)
     Code(30, "icmp.too_big.bigtcp", WARN, "ICMP Packet Too Big / Fragmentation Needed (MTU {value}) answering a "
-         "BIG TCP packet (the quoted header: IPv6 payload length 0, or IPv4 total length 0 with TCP or UDP): a hop did not forward "
-         "that super-packet, so its bytes are resent (retransmissions)"),
+         "BIG TCP packet (the quoted header: IPv6 payload length 0, or IPv4 total length 0 with TCP or UDP): a "
+         "hop did not forward that super-packet, so its bytes are resent (retransmissions)"),
     Code(31, "icmp.too_big", NOTE, "ICMP Packet Too Big / Fragmentation Needed (MTU {value}): path MTU discovery"),
     # truncation by the snaplen (the capture, not the packet)
     Code(40, "frame.truncated.l2", NOTE, "link-layer header cut by the snaplen (caplen {value})"),

@@ -474,8 +474,8 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     out["bigtcp"] = {k: sum(s["bigtcp"].get(k, 0) for s in ss) for k in s0["bigtcp"]}
     out["max_bigtcp_ip_len"] = max(s["max_bigtcp_ip_len"] for s in ss)
     out["flows"] = len(flows)
-    out["capture_points"] = capture_points(flows_per_point(
-        (flows["if_id"].to_numpy(np.uint64) << np.uint64(32)) | flows["ifindex"].fillna(0).to_numpy(np.uint64)))
+    out["capture_points"] = capture_points(flows_per_point(flows["if_id"].to_numpy(np.uint64),
+                                                           flows["ifindex"].fillna(0).to_numpy(np.uint64)))
     keys = _top_keys()  # (a part may have no top flow to copy them from)
     top = flows.sort_values("payload_bytes", ascending=False, kind="stable").head(5)
     out["top_flows"] = [{k: _plain(r[k]) for k in keys} for _, r in top.iterrows()]

@@ -222,3 +222,18 @@ def test_egress_summary_names_each_point(tmp_path):
     for r in big:
         want = _tshark_flows(_part(cap, r["ifindex"], tmp_path / f"if{r['ifindex']}.pcap"))
         assert r["payload_in"] == want[(r["src"], r["sport"], r["dst"], r["dport"])][1]
+
+
+def test_flow_name_reads_rows_with_missing_points(tmp_path):
+    """Flow names from ``Analysis.flows`` rows (pandas nullable integers: ``<NA>`` where no ifindex or direction
+    is known) and from plain Parquet reads (NaN) both leave the point out; a row with one names it."""
+    from bigtcp_pcap.output.summary import flow_name
+
+    res = analyze(KERNEL / "v6_185000.rcv.pcap", outdir=tmp_path / "o", audit=False)
+    row = next(res.flows.itertuples())
+    assert flow_name(row) == f"{row.src}.{row.sport} > {row.dst}.{row.dport}"
+    plain = next(pd.read_parquet(tmp_path / "o" / "flows.parquet").itertuples())
+    assert flow_name(plain) == f"{plain.src}.{plain.sport} > {plain.dst}.{plain.dport}"
+    both = analyze(ANY / "bridge_v6.pcap", outdir=tmp_path / "b", audit=False).flows
+    r = next(both[both.ifindex == 3].itertuples())
+    assert flow_name(r).endswith(f" @ifindex 3 ({'received' if r.direction == 1 else 'sent'})")

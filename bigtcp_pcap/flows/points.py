@@ -6,31 +6,34 @@ headers name the interface: its ifindex), and a pcapng file merged from several 
 copy under its own interface, and a tunnel endpoint's ``-i any`` capture holds each packet encapsulated on the
 underlay and bare on the tunnel device. Counted as one flow, every copy would be a retransmission and every byte twice.
 So the flow table keys each flow direction by its capture point too (``flows/table.py`` ``point``: the pcapng
-interface id and the cooked v2 ifindex): the copies are separate rows (flows.parquet ``if_id``, ``ifindex``), each
+interface, the cooked v2 ifindex, and whether the host received or sent it): the copies are separate rows
+(flows.parquet ``if_id``, ``ifindex``, ``direction``), each
 with its own sequence bookkeeping, GRO rebuild and ACK evidence, and the summary lists the points.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import numpy as np
 
 
-def flows_per_point(point: np.ndarray) -> Counter:
-    """Flow rows per capture point ``(if_id, ifindex)`` (ifindex 0: none named) of a batch of flow rows, from
-    their points as ``flows/table.py`` ``point`` words them (``if_id << 32 | ifindex``)."""
-    u, n = np.unique(np.asarray(point, np.uint64), return_counts=True)
+def flows_per_point(if_id: np.ndarray, ifindex: np.ndarray) -> Counter:
+    """Flow rows per capture point ``(if_id, ifindex)`` (ifindex 0: none named) of a batch of flow rows."""
+    key = (np.asarray(if_id, np.uint64) << np.uint64(32)) | np.asarray(ifindex, np.uint64)
+    u, n = np.unique(key, return_counts=True)
     return Counter({(int(k >> 32), int(k & 0xFFFFFFFF)): int(c) for k, c in zip(u.tolist(), n.tolist())})
 
 
 def point_suffix(if_id, ifindex, direction) -> str:
     """A flow name's capture point: `` @interface K`` (a pcapng interface other than the first), `` @ifindex N``
     (a Linux cooked v2 header's), `` (received)`` / `` (sent)`` (a Linux cooked header's packet type); each part
-    only where known (None, 0 or NaN: not)."""
+    only where known (None, 0, NaN or pandas' NA: not)."""
     def known(v):
-        return v is not None and not (isinstance(v, float) and math.isnan(v)) and int(v) != 0
+        try:
+            return int(v) != 0
+        except (TypeError, ValueError):  # None, pandas' NA (TypeError), a float NaN (ValueError): not known
+            return False
 
     at = "".join(f" @{name} {int(v)}" for name, v in (("interface", if_id), ("ifindex", ifindex)) if known(v))
     return at + ({1: " (received)", 2: " (sent)"}.get(int(direction), "") if known(direction) else "")
@@ -46,8 +49,9 @@ def points_text(points: list[dict]) -> str | None:
     if len(points) < 2:
         return None
     names = []
+    several_interfaces = any(q["if_id"] for q in points)
     for p in points[:8]:
-        where = [f"interface {p['if_id']}"] if any(q["if_id"] for q in points) else []
+        where = [f"interface {p['if_id']}"] if several_interfaces else []
         if p.get("ifindex"):
             where.append(f"ifindex {p['ifindex']}")
         names.append(f"{' '.join(where)} ({p['flows']:,} flows)")

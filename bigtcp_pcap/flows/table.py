@@ -41,8 +41,10 @@ CLOSE_TIMEOUT_NS = 5 * 10**9  # Zeek's tcp_close_delay
 NF = 27
 FREE, ALIVE, ZOMBIE = 0, 1, 2  # ZOMBIE: ended, out of the key table, its row not yet written
 # --- key words per slot (KY): version/ports word, src (2 words), dst (2 words), digest, capture point -------
-# (the capture point: pcapng interface id << 32 | the Linux cooked v2 ifindex; 0 for a one-interface capture)
+# (the capture point, ``point``: 0 for a one-interface capture without Linux cooked headers)
 NKY = 7
+_P_IF, _P_DIR = np.uint64(34), np.uint64(32)  # the point word: interface from bit 34, direction in bits 32-33,
+_P_IFX, _P_DIRS = np.uint64(0xFFFFFFFF), np.uint64(3)  # the ifindex below
 # --- scalar state ST ------------------------------------------------------------------------------------------
 (S_NEXT_ID, S_FREE_TOP, S_NZOMB, S_TAB_FILL, S_HFREE, S_HFREE_N, S_HTOP, S_HTAB_FILL, S_FM_FILL, S_ALIVE) = range(10)
 NST = 10
@@ -53,7 +55,7 @@ NST = 10
 NR = 28
 
 FINRST = "_finrst"  # the rows' key for the FIN (1) / RST (2) bits seen in the flow's own direction
-POINT = "_point"  # and for their capture points (``point``: one word each), for the summary
+IFINDEX = "_ifindex"  # and for their ifindex with 0 for none (the summary's capture points: no Arrow nulls)
 
 EMPTY, TOMB = np.int64(-1), np.int64(-2)
 _SLOT = np.int64(0xFFFFFFFF)  # the index bits of a key table entry (_tagged)
@@ -335,15 +337,15 @@ def point(if_id, ifindex, direction):
     a Linux cooked v2 header names (tcpdump -i any). The same packet seen at two points is two flows' packet, not
     a copy: a forwarded packet is received on one interface and sent on another (Linux cooked v1, which names no
     interface, still tells the two copies apart by the direction)."""
-    return (np.uint64(if_id) << np.uint64(34)) | (np.uint64(direction) << np.uint64(32)) | np.uint64(ifindex)
+    return (np.uint64(if_id) << _P_IF) | (np.uint64(direction) << _P_DIR) | np.uint64(ifindex)
 
 
 @njit(cache=True, inline="always")
 def reverse_point(p):
     """The point where the reverse direction of a flow at ``p`` is seen: the same interface, the other way (a
     packet the host received is answered by one it sends there)."""
-    d = (p >> np.uint64(32)) & np.uint64(3)
-    return p ^ (np.uint64(3) << np.uint64(32)) if d == 1 or d == 2 else p
+    d = (p >> _P_DIR) & _P_DIRS
+    return p ^ (_P_DIRS << _P_DIR) if d == 1 or d == 2 else p
 
 
 @njit(cache=True, inline="always")
@@ -658,9 +660,9 @@ def expire_kernel(now, everything, full, held, hold_from, TO, F, KY, TAB, FK, FV
         R[rows, R_FINRST] = F[s, F_FINRST]
         R[rows, R_CUT_EV] = F[s, F_CUT_EV]
         R[rows, R_CUT_GU] = F[s, F_CUT_GU]
-        R[rows, R_IFID] = np.int64(KY[s, 6] >> np.uint64(34))
-        R[rows, R_DIR] = np.int64((KY[s, 6] >> np.uint64(32)) & np.uint64(3))
-        R[rows, R_IFINDEX] = np.int64(KY[s, 6] & np.uint64(0xFFFFFFFF))
+        R[rows, R_IFID] = np.int64(KY[s, 6] >> _P_IF)
+        R[rows, R_DIR] = np.int64((KY[s, 6] >> _P_DIR) & _P_DIRS)
+        R[rows, R_IFINDEX] = np.int64(KY[s, 6] & _P_IFX)
         for c in range(5):
             RK[rows, c] = KY[s, c]
         rows += 1
@@ -1013,8 +1015,7 @@ class FlowTable:
         point of ``point``, for summaries of a few flows."""
         ky, known = self._key_rows(flow_id)
         p = ky[:, 6]
-        if_id, ifindex = (p >> np.uint64(34)).tolist(), (p & np.uint64(0xFFFFFFFF)).tolist()
-        direction = ((p >> np.uint64(32)) & np.uint64(3)).tolist()
+        if_id, ifindex, direction = (p >> _P_IF).tolist(), (p & _P_IFX).tolist(), ((p >> _P_DIR) & _P_DIRS).tolist()
         return [(if_id[i], ifindex[i], direction[i]) if known[i] else None for i in range(p.shape[0])]
 
     def expire(self, now_ns: int, held_flow_ids: np.ndarray | None = None, everything: bool = False,
@@ -1073,5 +1074,5 @@ class FlowTable:
             "poll_ends_evidenced": R[:, R_CUT_EV].astype(np.uint64),
             "poll_ends_guessed": R[:, R_CUT_GU].astype(np.uint64),
             FINRST: R[:, R_FINRST].astype(np.uint8),  # not a flows column: what a split run's merge needs
-            POINT: (R[:, R_IFID].astype(np.uint64) << np.uint64(32)) | R[:, R_IFINDEX].astype(np.uint64),
+            IFINDEX: R[:, R_IFINDEX],
         }

@@ -267,11 +267,11 @@ def _ahead(ia, ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst
 @njit(cache=True, entry=True,
       sig=("u8[::1], u8[::1], i32[::1], u32[::1], u16[::1], u32[::1], u32[::1], u16[::1], u16[::1], u64[:, ::1], "
            "u64[:, ::1], u32[::1], u32[::1], u8[::1], u8[::1], u32[::1], u32[::1], i64[::1], i64, i64, i64, i64, "
-           "i64[::1], u8[::1], i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], "
-           "i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
+           "i64[::1], u8[::1], i64[::1], u64[::1], u8[::1], i64[::1], i64[:, ::1], i64[::1], i64[::1], i64[::1], "
+           "i64[::1], i64[::1], i64[::1], i64[::1], i64[::1], u64[::1], i64[::1], u64[:, ::1]"))
 def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, dst, ifid, ifx, pdir, sack, sackl,
-                  sackr, ts, row0, window, gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY, MOVE, TGT, LQ,
-                  LQK, ST, DG):
+                  sackr, ts, row0, window, gshift, max_ns, T, FLAG, PREV, CK, CU, CI, CS, NXT, END, SEQR, TSR, BUSY,
+                  MOVE, TGT, LQ, LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
     ST = [the generation of the last row, the CS rows each parity's generation has used].
@@ -551,8 +551,8 @@ class AckEvidence:
             src = np.ascontiguousarray(pb.src).view(np.uint64).reshape(n, 2)
             dst = np.ascontiguousarray(pb.dst).view(np.uint64).reshape(n, 2)
             evidence_scan(pb.ip_version, pb.l4_proto, pb.l4_off, pb.tcp_payload_len, pb.tcp_flags, pb.tcp_seq,
-                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.if_gid, pb.ifindex, pb.direction, pb.tcp_sack_blocks, pb.tcp_sack_left,
-                          pb.tcp_sack_right, pb.ts_ns,
+                          pb.tcp_ack, pb.sport, pb.dport, src, dst, pb.if_gid, pb.ifindex, pb.direction,
+                          pb.tcp_sack_blocks, pb.tcp_sack_left, pb.tcp_sack_right, pb.ts_ns,
                           np.int64(self._rows), np.int64(self.window), np.int64(self._gshift),
                           np.int64(BUSY_MAX_NS), self._T, self._FLAG, self._PREV, self._CK,
                           self._CU, self._CI, self._CS, self._NXT, self._END, self._SEQR, self._TSR, self._BUSY,

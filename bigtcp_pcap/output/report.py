@@ -161,7 +161,8 @@ def _audit_html(fa: dict) -> str:
 def _flows_html(s: dict) -> str:
     rows = []
     for f in s.get("top_flows", []):
-        rows.append([f"{_e(f['flow_id'])}: <code>{_e(flow_name(f))}</code>", f["packets"], f["payload_bytes"], f["bigtcp_packets"], f["mss"],
+        rows.append([f"{_e(f['flow_id'])}: <code>{_e(flow_name(f))}</code>", f["packets"], f["payload_bytes"],
+                     f["bigtcp_packets"], f["mss"],
                      f["p50_payload_len"], f["max_payload_len"], f["superpackets"], f["p50_superpacket_len"],
                      f["max_superpacket_len"], f["retransmissions"], f.get("out_of_order"), f["capture_gap_bytes"],
                      f.get("poll_ends_evidenced"), f.get("poll_ends_guessed")])

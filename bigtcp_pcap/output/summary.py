@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -136,13 +135,12 @@ def render_capture_kind(ck: dict, console: Console) -> None:
 
 
 def flow_name(f) -> str:
-    """A flow direction as text, ``src.sport > dst.dport``, with its capture point where the capture has more
-    than one (``@ifindex N``: the interface a ``tcpdump -i any`` capture names; ``@interface K``: a pcapng
-    interface other than the first): the same connection seen at two points is two rows. ``f``: a mapping or a
+    """A flow direction as text, ``src.sport > dst.dport``, with its capture point where known
+    (``flows/points.point_suffix``): the same connection seen at two points is two rows. ``f``: a mapping or a
     row with those fields."""
     def get(k):
-        v = f.get(k) if isinstance(f, dict) else getattr(f, k, None)
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v  # (a pandas NaN: no point)
+        return f.get(k) if isinstance(f, dict) else getattr(f, k, None)
+
     return (f"{get('src')}.{get('sport')} > {get('dst')}.{get('dport')}"
             f"{point_suffix(get('if_id'), get('ifindex'), get('direction'))}")
 
