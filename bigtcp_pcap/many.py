@@ -25,7 +25,7 @@ from typing import Any, Self
 from . import findings as F
 from .buffers import tune_malloc
 from .errors import make_outdir
-from .split import Part, PartReader, find_parts, idle_gap_ns, part_name, whole
+from .split import DEFAULT_ACK_DELAY_NS, Part, PartReader, find_parts, idle_gap_ns, part_name, whole
 
 CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap", ".ntar", ".gz", ".bz2", ".xz", ".zst")
 
@@ -214,7 +214,7 @@ class _Runner:
 def _split_tasks(path: str, name: str, work: Path, nparts: int, kw: dict) -> tuple[list[Part], list[dict]]:
     part_packets = kw.pop("part_packets", False)
     gro = kw.get("gro")
-    gap = idle_gap_ns(gro.poll_gap_us, gro.gro_flush_timeout_ns, kw.pop("ack_delay_ns", None) or 200_000_000)
+    gap = idle_gap_ns(gro.poll_gap_us, gro.gro_flush_timeout_ns, kw.pop("ack_delay_ns", None) or DEFAULT_ACK_DELAY_NS)
     parts = find_parts(path, nparts, gap)
     if len(parts) < 2:
         return parts, []

@@ -36,8 +36,9 @@ import numpy as np
 
 from .capture import walk
 from .capture.reader import MAX_CAPLEN, PCAP_MAGICS
+from .gro.evidence import RESET_GAP_NS
 
-DEFAULT_ACK_DELAY_NS = 200_000_000
+DEFAULT_ACK_DELAY_NS = RESET_GAP_NS  # (the evidence's own reset: the parts then see the serial run's)
 WINDOW = 16 << 20  # bytes of the capture mapped at a time by the cut finder
 
 

@@ -90,13 +90,18 @@ def _seq_after(a, b):
 def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
     """Row of CS of direction key ``k`` in this generation (its table at ``here``), moved over from the
     previous generation's (at ``other``) when only that one has it, or a new one (``insert``); -1 when absent.
+    A row last used before the capture's latest long silence (``RESET_GAP_NS``; its epoch, BST[ST_EPOCH]) starts
+    afresh.
 
     CS rows are dense per generation (the next free one: BST[1 + parity]; the table slot's CI names it), so
     a generation writes as many rows as it has directions, not rows spread over the whole table."""
     j = np.int64(k & np.uint64(tmask))
     while CU[here + j] != 0:
         if CK[here + j] == k:
-            return CI[here + j]
+            e = CI[here + j]
+            if CS[e, CS_EPOCH] != BST[ST_EPOCH]:
+                _fresh(CS, e, BST[ST_EPOCH])
+            return e
         j = (j + 1) & tmask
     slot = here + j
     o = np.int64(k & np.uint64(tmask))
@@ -105,16 +110,26 @@ def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
             e = _new_row(CK, CU, CI, BST, slot, k, here)
             for c in range(CS.shape[1]):
                 CS[e, c] = CS[CI[other + o], c]
+            if CS[e, CS_EPOCH] != BST[ST_EPOCH]:
+                _fresh(CS, e, BST[ST_EPOCH])
             return e
         o = (o + 1) & tmask
     if not insert:
         return -1
     e = _new_row(CK, CU, CI, BST, slot, k, here)
+    _fresh(CS, e, BST[ST_EPOCH])
+    return e
+
+
+@njit(cache=True, inline="always")
+def _fresh(CS, e, epoch):
+    """CS row e as a direction with no history (of epoch ``epoch``): its waiting segments, if any, are forgotten
+    (a pending late mark reads as none when its row is taken, a lost one stays lost)."""
     for c in range(CS.shape[1]):
         CS[e, c] = -1
     CS[e, CS_NMISS] = 0
     CS[e, CS_NLOST] = 0
-    return e
+    CS[e, CS_EPOCH] = epoch
 
 
 @njit(cache=True, inline="always")
@@ -132,8 +147,18 @@ def _new_row(CK, CU, CI, BST, slot, k, here):
 # marked missing, the shortest ACK lag seen (-1: none yet), the time of the direction's last segment, how many
 # waiting segments are marked lost, and of the last advancing ACK without SACK (``_backlog``): when the receiver
 # sent it, the arrival and the row of the last segment it covered
-CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_NLOST, CS_PT, CS_PA, CS_PR = range(12)
-NCS = CS_PR + 1  # CS's columns
+CS_HEAD, CS_TAIL, CS_ACK, CS_END, CS_ROW, CS_NMISS, CS_LAG, CS_LAST_T, CS_NLOST, CS_PT, CS_PA, CS_PR, CS_EPOCH = \
+    range(13)
+NCS = CS_EPOCH + 1  # CS's columns
+# the scan's state (ST): the generation of the last row, the CS rows each parity's generation has used, the
+# latest timestamp so far, the first row and the number of the current epoch (rows after the latest silence of
+# the whole capture longer than RESET_GAP_NS)
+ST_GEN, ST_USED0, ST_USED1, ST_TMAX, ST_EROW, ST_EPOCH = range(6)
+RESET_GAP_NS = 200_000_000
+"""A silence of the whole capture longer than this (Linux's TCP_DELACK_MAX, the longest an ACK waits) ends every
+piece of evidence: an ACK after it is no evidence for data before it, and each direction's state starts afresh.
+So what the evidence says after such a gap does not depend on what came before it, and a capture cut there
+(``split.py``) gives each part the serial run's evidence."""
 BEHIND_NS = 50_000
 """The backlog estimate's threshold: the wait both ACKs show is more than this (``_backlog``)."""
 BEHIND_MARGIN_NS = 30_000
@@ -202,16 +227,16 @@ def _backlog(CS, e, s2, newest, h0, NXT, TSR, BUSY, rmask):
 
 
 @njit(cache=True, inline="always")
-def _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask):
+def _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask, erow):
     """An ACKed end's key ``k``: flag every row of its chains (this generation's table at ``here``, then the
-    previous one's) not judged yet and at most ``window`` rows back; mark them judged. True when either table held
-    the key."""
+    previous one's) not judged yet, at most ``window`` rows back and not before row ``erow`` (the epoch's first);
+    mark them judged. True when either table held the key for such a row."""
     hit = False
     for base in (here, size - here):
         j = _find(T, k, base, tmask)
-        if j >= 0:
+        if j >= 0 and T[j * TW + T_ROW] >= erow:
             hit = True
-            x, stop, lo = T[j * TW + T_ROW], T[j * TW + T_JUDGED], r - window
+            x, stop, lo = T[j * TW + T_ROW], T[j * TW + T_JUDGED], max(r - window, erow)
             while x > stop and x >= lo:
                 FLAG[x & rmask] = 1
                 x = PREV[x & rmask]
@@ -274,7 +299,8 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                   MOVE, TGT, LQ, LQK, ST, DG):
     """One forward pass over a batch whose first row is row ``row0`` of the stream: the acked ends (FLAG) and
     the busy evidence (BUSY, MOVE) of its rows, each row's 5-tuple filtered and digested once for both.
-    ST = [the generation of the last row, the CS rows each parity's generation has used].
+    ST: the scan's state (ST_GEN ... ST_EPOCH). After a silence of the whole capture longer than ``RESET_GAP_NS``
+    (a new epoch) no row before it is flagged or moved, and each direction's state starts afresh.
 
     Acked ends (``acked_ends``): a data segment's (flow, end) key goes into the table of its generation (rows
     ``g << gshift`` to ``(g + 1) << gshift``, at least ``window`` rows; two tables by parity, slots ``(g & 1) *
@@ -312,7 +338,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
     rmask = np.int64(FLAG.shape[0] - 1)  # (every ring has the same size)
     size = np.int64(T.shape[0] // (2 * TW))  # (both tables by parity have the same size)
     tmask = size - 1
-    gen = ST[0]
+    gen = ST[ST_GEN]
     n = ver.shape[0]
     absent = _NO_KEY  # the last ACK key found in neither table (until a segment with that key goes in)
     for ia in range(min(AHEAD, n)):
@@ -327,13 +353,18 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
         PREV[r & rmask] = -1
         BUSY[r & rmask] = 0
         MOVE[r & rmask] = -1
+        tt = ts[i]
+        if tt - ST[ST_TMAX] > RESET_GAP_NS:  # a silence of the whole capture: a new epoch (RESET_GAP_NS)
+            ST[ST_EPOCH] += 1
+            ST[ST_EROW] = r
+        ST[ST_TMAX] = max(ST[ST_TMAX], tt)
         g = r >> gshift
         if g != gen:  # a new generation: its tables held the one two back
             base = (g & 1) * size
             for j in range(base, base + size):
                 T[j * TW + T_ROW] = EMPTY
                 CU[j] = 0
-            ST[1 + (g & 1)] = 0
+            ST[ST_USED0 + (g & 1)] = 0
             gen = g
         q = i & 15
         if DG[q, 2] == 0:  # not a TCP row the scan looks at
@@ -353,12 +384,12 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
         if e >= 0:
             k = _fmix(rev, np.uint64(ack[i]))
             # (k == absent: an ACK number repeated while it is in neither table)
-            if k != absent and not _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask):
+            if k != absent and not _flag_chain(T, FLAG, PREV, k, here, size, tmask, r, window, rmask, ST[ST_EROW]):
                 absent = k
             if sack[i] != 0 and _seq_after(np.int64(sackr[i]), np.int64(ack[i])) \
                     and _seq_after(np.int64(sackl[i]), np.int64(ack[i])):
                 _flag_chain(T, FLAG, PREV, _fmix(rev, np.uint64(sackr[i])), here, size, tmask, r, window,
-                            rmask)
+                            rmask, ST[ST_EROW])
         if plen[i] > 0:
             k = _fmix(fwd, (np.uint64(seq[i]) + np.uint64(plen[i])) & _U32)
             j = _find(T, k, here, tmask)
@@ -424,12 +455,16 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                 if _seq_after(a, edge):  # a D-SACK: the receiver got the data at edge twice, so a lost mark
                     for j in range(min(LQ[NLQ], NLQ)):  # there was wrong: the first copy came, late
                         y = LQ[j]
-                        if LQK[j] == rev and r - y <= window and MOVE[y & rmask] == LOST and SEQR[y & rmask] == edge:
+                        if LQK[j] == rev and r - y <= window and y >= ST[ST_EROW] and MOVE[y & rmask] == LOST \
+                                and SEQR[y & rmask] == edge:
                             MOVE[y & rmask] = TGT[y & rmask]
                 h = CS[e, CS_HEAD]
                 while h >= 0 and _seq_after(edge, END[h & rmask]):
                     h = NXT[h & rmask]
-                if h >= 0 and END[h & rmask] == edge and MOVE[h & rmask] == -1 and t - TSR[h & rmask] <= max_ns:
+                # (not when the capturing host sent the SACK, pdir 2: the data was captured as received there, so
+                # it reached the receiver this row's point models, whatever became of it after the capture)
+                if h >= 0 and END[h & rmask] == edge and MOVE[h & rmask] == -1 and t - TSR[h & rmask] <= max_ns \
+                        and pdir[i] != 2:
                     MOVE[h & rmask] = PENDING  # the data right after it came, it did not
                     CS[e, CS_NMISS] += 1
         if plen[i] > 0:
@@ -469,7 +504,7 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
                             MOVE[x & rmask] = -1
                         break
                     x = NXT[x & rmask]
-    ST[0] = gen
+    ST[ST_GEN] = gen
 
 
 # How far after a segment its ACK may come and still count: a number of packets, not "the next batch", so the
@@ -519,7 +554,7 @@ class AckEvidence:
         self._T = lazy_zeros(2 * size * TW, np.int64)  # generation parity p: slots p * size to (p + 1) * size
         self._T[T_ROW::TW] = EMPTY
         self._T[T_JUDGED::TW] = -1
-        self._ST = np.zeros(3, np.int64)  # the generation of the last row scanned, CS rows used per parity
+        self._ST = np.zeros(ST_EPOCH + 1, np.int64)  # the scan's state (ST_GEN ...)
         # busy evidence: per flow direction, then rings by row
         self._CK = lazy_zeros(2 * size, np.uint64)
         self._CU = lazy_zeros(2 * size, np.uint8)

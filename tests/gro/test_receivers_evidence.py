@@ -103,7 +103,9 @@ def test_an_ack_before_the_segment_or_in_its_own_packet_does_not_count(tmp_path)
             frame(40000, 5201, 1100, 1, 100),  # ends at 1200, ACKed by the next frame
             frame(5201, 40000, 1, 1200, 0, (10, 0, 0, 2), (10, 0, 0, 1)),
             frame(40000, 5201, 1200, 1300, 100)]  # its own ack number is its own end: not evidence
-    pb, _ = decode(next(iter(CaptureReader(write_pcap(tmp_path / "a.pcap", pkts)))))
+    # (10 us apart: an ACK after a silence of the whole capture longer than evidence.RESET_GAP_NS is no evidence)
+    path = write_pcap(tmp_path / "a.pcap", pkts, times_us=[10 * i for i in range(len(pkts))])
+    pb, _ = decode(next(iter(CaptureReader(path))))
     assert acked_ends(pb).tolist() == [False, False, True, False, False]
     assert acked_ends(pb.take(np.arange(3)), pb.take(np.arange(3, 5))).tolist() == [False, False, True]
 
@@ -134,7 +136,7 @@ def test_acked_ends_hold_the_definition_on_repeats_across_generations(seed, tmp_
         ip = bytearray(ipv4(20 + plen))
         ip[12:16], ip[16:20] = bytes(src), bytes(dst)
         pkts.append(eth(0x0800) + bytes(ip) + tcp(sp, dp, seq, ack) + b"x" * plen)
-    path = write_pcap(tmp_path / "r.pcap", pkts)
+    path = write_pcap(tmp_path / "r.pcap", pkts, times_us=[10 * i for i in range(len(pkts))])
     pb, _ = decode(next(iter(CaptureReader(path, batch_size=1 << 16))))
     key = list(zip(pb.sport.tolist(), pb.dport.tolist(), pb.src[:, 12:].tolist(), pb.dst[:, 12:].tolist()))
     plen, seq, ack = pb.tcp_payload_len.tolist(), pb.tcp_seq.tolist(), pb.tcp_ack.tolist()
@@ -255,3 +257,28 @@ def test_gro_rows_do_not_depend_on_where_batches_end(path, many_flows):
     assert any(r[4] == 1 for r in ref)  # rows whose poll ended at an ACKed segment ("ack")
     for bs in (97, 1000):
         assert _stage_rows(path, bs) == ref, bs
+
+
+@pytest.mark.parametrize("case", ["in_time", "after_silence", "other_flow_between"])
+def test_an_ack_after_a_long_silence_of_the_whole_capture_is_no_evidence(case, tmp_path):
+    """evidence.RESET_GAP_NS: after the whole capture was silent that long, an ACK says nothing of the data before
+    the silence (so a capture cut at such a gap, split.py, gives its parts the serial run's evidence). A silence of
+    one flow while another flow's packets keep coming is no such gap."""
+    from tests.craft import eth, ipv4, tcp
+
+    def frame(sport, dport, seq, ack, payload, src=(10, 0, 0, 1), dst=(10, 0, 0, 2)):
+        ip = bytearray(ipv4(20 + payload))
+        ip[12:16], ip[16:20] = bytes(src), bytes(dst)
+        return eth(0x0800) + bytes(ip) + tcp(sport, dport, seq, ack) + b"x" * payload
+
+    gap_us = evidence.RESET_GAP_NS // 1000
+    late = gap_us - 10 if case == "in_time" else gap_us + 10
+    pkts = [frame(40000, 5201, 1000, 1, 100), frame(40000, 5201, 1100, 1, 100)]
+    times = [0, 10]
+    if case == "other_flow_between":
+        pkts.append(frame(40001, 5201, 7000, 1, 100))
+        times.append(gap_us // 2)
+    pkts.append(frame(5201, 40000, 1, 1100, 0, (10, 0, 0, 2), (10, 0, 0, 1)))  # ACKs the first segment's end
+    times.append(10 + late)
+    pb, _ = decode(next(iter(CaptureReader(write_pcap(tmp_path / "a.pcap", pkts, times_us=times)))))
+    assert acked_ends(pb).tolist()[:2] == [case != "after_silence", False]

@@ -23,7 +23,8 @@ from bigtcp_pcap.output.parquet import read_metadata
 from bigtcp_pcap.output.tables import TABLES  # the registry (output/tables.py)
 from bigtcp_pcap.split import find_parts, idle_gap_ns, record_times
 
-SPLIT_FIXTURES = sorted(KERNEL.glob("*.pcap")) + sorted((KERNEL / "traced").glob("*.pcap"))
+SPLIT_FIXTURES = (sorted(KERNEL.glob("*.pcap")) + sorted((KERNEL / "traced").glob("*.pcap"))
+                  + sorted((KERNEL / "any").glob("*.pcap")))
 LINKTYPES = sorted((KERNEL / "linktypes").glob("*.pcap"))
 
 
