@@ -232,24 +232,35 @@ def test_first_fragments_carry_tcp_and_later_ones_do_not(tmp_path):
 
 def test_a_first_fragment_of_a_mirror_copy_carries_its_inner_tcp(tmp_path):
     """A GRE (transparent Ethernet bridging) copy of a 1514-byte frame, fragmented on its way as Zeek's erspan.pcap
-    shows: the first fragment holds the inner Ethernet, IPv4 and TCP headers and is decoded to them (lengths
-    limited by what the fragment carries, as tshark with reassembly off); the last fragment carries none."""
-    inner = eth(0x0800) + ipv4(20 + 1460) + tcp(seq=4242, flags=0x10) + bytes(1460)  # 1514 bytes
-    gre = struct.pack(">HH", 0, 0x6558) + inner
+    shows: the first fragment holds the inner Ethernet, IPv4 and TCP headers and is decoded to them, at the inner
+    headers' true lengths (tshark gives the same once it reassembles the datagram; with reassembly off, what the
+    fragment holds: once ours too, so every full-size segment of a mirrored flow lost 38 bytes and left a
+    sequence hole); the last fragment carries none. Three such segments in a row: the flow has no capture gap."""
     frames = []
-    for off, chunk, more in ((0, gre[:1480], True), (1480, gre[1480:], False)):
-        h = bytearray(ipv4(len(chunk), proto=47, df=False))
-        struct.pack_into(">H", h, 6, (0x2000 if more else 0) | (off // 8))
-        frames.append(eth(0x0800) + bytes(h) + chunk)
+    for k in range(3):
+        inner = eth(0x0800) + ipv4(20 + 1460) + tcp(seq=4242 + 1460 * k, flags=0x10) + bytes(1460)  # 1514 bytes
+        gre = struct.pack(">HH", 0, 0x6558) + inner
+        for off, chunk, more in ((0, gre[:1480], True), (1480, gre[1480:], False)):
+            h = bytearray(ipv4(len(chunk), proto=47, df=False, ident=100 + k))
+            struct.pack_into(">H", h, 6, (0x2000 if more else 0) | (off // 8))
+            frames.append(eth(0x0800) + bytes(h) + chunk)
     path = write_pcap(tmp_path / "gre_frag.pcap", frames)
     pb = PacketBatch.concat([decode(rb)[0] for rb in CaptureReader(path)])
     rows = tshark_fields(path, ["frame.protocols", "tcp.srcport", "tcp.seq_raw", "tcp.len", "ip.len"], prefs=PREFS)
-    assert [("tcp" in r["frame.protocols"].split(":")) for r in rows] == [True, False]
-    assert pb.tunnel[0] == TUNNEL_GRE and pb.l4_proto[0] == 6 and pb.l4_off[1] == -1
-    assert pb.status[0] & ST_IP_FRAGMENT
+    assert [("tcp" in r["frame.protocols"].split(":")) for r in rows] == [True, False] * 3
+    whole = tshark_fields(path, ["tcp.seq_raw", "tcp.len"], display_filter="tcp",
+                          prefs=PREFS[:4])  # reassembled (the default), in the last fragments
+    assert [int(r["tcp.seq_raw"]) for r in whole] == pb.tcp_seq[::2].tolist() == [4242, 5702, 7162]
+    assert [int(r["tcp.len"]) for r in whole] == pb.tcp_payload_len[::2].tolist() == [1460] * 3
+    assert (pb.tunnel[::2] == TUNNEL_GRE).all() and (pb.l4_proto[::2] == 6).all() and (pb.l4_off[1::2] == -1).all()
+    assert (pb.status[::2] & ST_IP_FRAGMENT).all()
     assert pb.sport[0] == int(rows[0]["tcp.srcport"]) and pb.tcp_seq[0] == int(rows[0]["tcp.seq_raw"]) == 4242
-    assert pb.tcp_payload_len[0] == int(rows[0]["tcp.len"]) == 1480 - 4 - 14 - 20 - 20
-    assert pb.ip_len[0] == 1480 - 4 - 14 and pb.ip_len_field[0] == 1500
+    assert pb.ip_len[0] == pb.ip_len_field[0] == 1500
+    import bigtcp_pcap
+
+    a = bigtcp_pcap.analyze(path, audit=False)
+    assert not {"ipv4.len_exceeds_frame", "frame.truncated.l4"} & set(a.findings.code)
+    assert a.flows.payload_bytes.tolist() == [3 * 1460] and a.flows.capture_gap_bytes.tolist() == [0]
 
 
 def test_reserved_flag_bits_are_kept(tmp_path):

@@ -996,6 +996,11 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     etype = np.int64(0x0800 if l4_proto == 4 else 0x86DD)
                     pos = l4
                     code = np.int64(TUNNEL_IPIP if l4_proto == 4 else TUNNEL_IP6IP)
+                if frag == FRAG_FIRST:
+                    # the inner packet goes on past this fragment (a mirror port's GRE/ERSPAN copy of a full-size
+                    # frame): its own headers' lengths are the true ones, bounded only by the largest datagram
+                    # (GRE and IP-in-IP carry no length of their own, unlike UDP's above)
+                    lim = q + np.int64(65535 + 40)
             else:
                 if (l4_proto == 58 or l4_proto == 1) and frag == FRAG_NONE:
                     nf, nfi = _icmp_too_big(buf, l4, min(end, lim), l4_proto, i, f_row, f_code, f_val, nf, nfi)
