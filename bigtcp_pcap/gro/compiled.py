@@ -49,7 +49,7 @@ import numpy as np
 
 from .._native import njit
 from ..buffers import lazy_zeros, table_full
-from ..decode.schema import ST_IP_FRAGMENT, ST_TRUNC_L4, TH_PSH, TH_SYN, PacketBatch
+from ..decode.schema import ST_IP_FRAGMENT, TH_PSH, TH_SYN, PacketBatch
 from ..flows.table import _SLOT, _entry_tag, _tag, _tagged
 from . import reasons as R
 from . import rules
@@ -74,6 +74,7 @@ from .rules import (
     r2_syn_mss,
     r7_r11_flushmark,
     r8_r11_l3_word,
+    r12_header_pulls,
     r14_2_flag_word,
     r16_completes,
     r16_ored_flags,
@@ -734,7 +735,7 @@ def _prepare_kernel(ver, l4_proto, l4_off, fid, status, ip_hdr_len, tunnel, ip_l
         st = np.int64(status[i])
         tcp = (v4 or v6) and l4_proto[i] == 6 and fid[i] >= 0 and (st & NO_GRO_STATUS) == 0
         if tcp:
-            giveup = (v4 and ip_hdr_len[i] != 20) or (st & ST_TRUNC_L4) != 0 or tunnel[i] != 0
+            giveup = (v4 and ip_hdr_len[i] != 20) or not r12_header_pulls(np.int64(tcp_hdr_len[i])) or tunnel[i] != 0
         else:
             # R5/R9: a first fragment whose TCP header was read is delivered alone (a row), held entries
             # untouched (never a ``tcp`` row: ST_IP_FRAGMENT is in NO_GRO_STATUS, so only tested on the others)

@@ -19,7 +19,6 @@ from ..decode.schema import (
     ST_NOT_IP,
     ST_TRUNC_L2,
     ST_TRUNC_L3,
-    ST_TRUNC_L4,
     ST_UNKNOWN_LINKTYPE,
     PacketBatch,
 )
@@ -90,9 +89,11 @@ def prepare(b: PacketBatch, flow_id: np.ndarray, cfg: GroConfig, dedupe: bool = 
 
     # R3/R5/R9/R12: which packets reach tcp_gro_receive at all.
     tcp = (v4 | v6) & (b.l4_proto == 6) & (flow_id >= 0) & ((status & NO_GRO_STATUS) == 0)
-    # R5: IPv4 first byte must be 0x45 (no options); R12: the TCP header must be complete in our data;
-    # R19: tunnels are out of scope for this model -> treated as give-up (delivered alone).
-    giveup = tcp & ((v4 & (b.ip_hdr_len != 20)) | ((status & ST_TRUNC_L4) != 0) | (b.tunnel != 0))
+    # R5: IPv4 first byte must be 0x45 (no options); R12: the fixed TCP header must be in our data (options cut by
+    # the snaplen are compared as captured); R19: tunnels are out of scope for this model -> treated as give-up
+    # (delivered alone).
+    giveup = tcp & ((v4 & (b.ip_hdr_len != 20)) | ~_py.r12_header_pulls(b.tcp_hdr_len.astype(np.int64))
+                    | (b.tunnel != 0))
     # R5/R9: a first fragment whose TCP header the decoder read is delivered alone (a row), held entries untouched
     giveup |= (v4 | v6) & (b.l4_proto == 6) & (flow_id >= 0) & (b.l4_off >= 0) & ((status & ST_IP_FRAGMENT) != 0) \
         & ((status & FRAGMENT_OTHER) == 0)

@@ -96,6 +96,15 @@ def r7_r11_flushmark(declared, frame_l3, l3_off, pad_flush, v4, evil):
 
 
 @njit(cache=True, inline="always")
+def r12_header_pulls(tcp_hdr_len):
+    """R12 (the header half) on captured data: the kernel always had the whole TCP header, a capture may not.
+    The fixed 20 bytes must be there (the decoder gives ``tcp_hdr_len`` only then: ports, sequence numbers, flags,
+    window, data offset); options cut by the snaplen are no reason to deliver a packet alone, they are compared
+    as far as they were captured (R14.4 on ``tcp_opt_hash``, a digest of the captured option bytes). Array-safe."""
+    return tcp_hdr_len >= 20
+
+
+@njit(cache=True, inline="always")
 def r14_2_flag_word(tcp_hdr_len, tcp_flags, tcp_win, kept):
     """R14.2: tcp_flag_word as compared: data offset, the kept flag bits and the 16-bit window, packed."""
     return ((tcp_hdr_len >> 2) << 28) | ((tcp_flags & kept) << 16) | tcp_win

@@ -112,8 +112,12 @@ def render(summary: dict, console: Console) -> None:
                       highlight=False)
     nfd = summary.get("not_fully_decoded") or {}
     if nfd:
-        console.print("frames not decoded to L4: " + ", ".join(f"{k} {_n(v)}" for k, v in nfd.items()),
+        console.print("frames not fully decoded: " + ", ".join(f"{k} {_n(v)}" for k, v in nfd.items()),
                       highlight=False)
+        if nfd.get("truncated_l4"):
+            console.print("  truncated_l4: a TCP/UDP header or its options cut by the snaplen (a TCP header whose 20 "
+                          "fixed bytes were captured still counts in its flow and in the GRO rebuild, its options "
+                          "compared as far as captured)", highlight=False)
     for line in summary.get("suspect", []):
         console.print(f"[bold yellow]suspect capture:[/] {line}")
     for lt, frames in (cap.get("linktypes_not_decoded") or {}).items():

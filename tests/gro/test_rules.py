@@ -249,9 +249,21 @@ def test_r12_malformed_tcp_header_leaves_held_packet_untouched():
 
 
 def test_r12_tcp_header_cut_by_snaplen_is_delivered_alone():
+    """The fixed 20 bytes cut (the decoder then gives no tcp_hdr_len): nothing to compare, delivered alone."""
+    f = SynthFlow()
+    pk = f.segments(2) + [f.segment(status=ST_TRUNC_L4, tcp_hdr_len=0)]
+    assert summary(simulate(pk)) == [(3, 1, "not_mergeable_alone"), (1, 2, "end_of_capture")]
+
+
+def test_r12_tcp_options_cut_by_snaplen_merge_compared_as_captured():
+    """Only options cut (the kernel had them): merged when the captured option bytes are equal (R14.4 on their
+    digest), an option change where they differ."""
     f = SynthFlow()
     pk = f.segments(2) + [f.segment(status=ST_TRUNC_L4)]
-    assert summary(simulate(pk)) == [(3, 1, "not_mergeable_alone"), (1, 2, "end_of_capture")]
+    assert summary(simulate(pk)) == [(1, 3, "end_of_capture")]
+    g = SynthFlow()
+    pk = g.segments(2) + [g.segment(status=ST_TRUNC_L4, tcp_opt_hash=0xCD)]
+    assert summary(simulate(pk)) == [(1, 2, "option_change"), (3, 1, "end_of_capture")]
 
 
 # --- R13: ports -----------------------------------------------------------------------------------------------
