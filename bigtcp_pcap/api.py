@@ -130,7 +130,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
             | None = None, name: str | None = None, filters: list[str] | None = None, audit: bool = True,
             wireshark_sidecar: bool = False, gro_engine: str = "compiled", sha256: bool = False,
             flow_idle_timeout_s: float = IDLE_TIMEOUT_NS / 1e9, flow_close_timeout_s: float = CLOSE_TIMEOUT_NS / 1e9,
-            flow_state: bool = False, default_audit_port: int | None = None, **gro_params: Any) -> Analysis:
+            flow_state: bool = False, default_audit_port: int | None = None, capture_mtu: int | None = None,
+            **gro_params: Any) -> Analysis:
     """Analyse a capture: decode, rebuild GRO super-packets, build flows and findings, write Parquet.
 
     ``source`` is a path, ``-`` for stdin, a binary file object, or None for the bundled sample.
@@ -151,7 +152,8 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     across a cut from one that ended before it, and ``merge_rows.parquet`` (frame, flow and sequence numbers of
     every packet), to recompute the columns of a flow seen in several parts. ``default_audit_port``: the port
     of the default audit's ``tcp port P`` (-1: none), where it is not this run's first batch's to choose (a
-    split run's parts take the whole capture's).
+    split run's parts take the whole capture's); ``capture_mtu`` likewise, the fallback MTU read off the
+    capture's first batch where ``fallback_mtu`` is not given (0: none; ``gro.stage.capture_mtu``).
     """
     packets = packets or wireshark_sidecar
     if wireshark_sidecar and (source is not None and (not isinstance(source, (str, os.PathLike))
@@ -164,7 +166,7 @@ def analyze(source: str | os.PathLike | BinaryIO | None = None, *, outdir: str |
     run = _Run(sample_capture() if source is None else source, outdir, name=name, sha256=sha256,
                cfg=gro if gro is not None else GroConfig(**gro_params), gro_engine=gro_engine, filters=filters,
                audit=audit, packets=packets, flow_timeouts_s=(flow_idle_timeout_s, flow_close_timeout_s),
-               flow_state=flow_state, default_audit_port=default_audit_port)
+               flow_state=flow_state, default_audit_port=default_audit_port, capture_mtu=capture_mtu)
     try:
         run.stream(progress)  # decode -> flows -> GRO -> audit -> sinks, batch by batch; faults recorded
         run.finish()  # the stages' last rows, notes, the audit table
@@ -206,13 +208,13 @@ class _Run:
 
     def __init__(self, source, outdir, *, name, sha256, cfg: GroConfig, gro_engine: str, filters, audit: bool,
                  packets: bool, flow_timeouts_s: tuple[float, float], flow_state: bool = False,
-                 default_audit_port: int | None = None) -> None:
+                 default_audit_port: int | None = None, capture_mtu: int | None = None) -> None:
         self.cfg, self.gro_engine, self.filters, self.packets = cfg, gro_engine, filters, packets
         # options are checked before the capture is opened and the output directory touched
         idle, close = flow_timeouts_s
         idle_ns = flow_timeout_ns("flow_idle_timeout_s", idle)
         close_ns = flow_timeout_ns("flow_close_timeout_s", close)
-        self.gro_stage = GroStage(cfg, gro_engine)
+        self.gro_stage = GroStage(cfg, gro_engine, capture_mtu)
         self.reader = CaptureReader(source, name=name, sha256=sha256)
         self.info = self.reader.info
         self.tmp = None
@@ -365,8 +367,10 @@ class _Run:
 
     def close(self, wireshark_sidecar: bool) -> Analysis:
         """Close the tables (renamed into place with their metadata), write the summary, return the Analysis."""
-        info, out, error, cfg = self.info, self.out, self.error, self.cfg
-        params = {"gro": cfg.to_metadata(), "gro_engine": self.gro_engine, "packets": self.packets,
+        # the configuration used: the fallback MTU read off the capture where it was not given
+        info, out, error, cfg = self.info, self.out, self.error, self.gro_stage.config
+        gro_meta = dict(cfg.to_metadata(), fallback_mtu_from=self.gro_stage.mtu_from or "default")
+        params = {"gro": gro_meta, "gro_engine": self.gro_engine, "packets": self.packets,
                   "filters": [r.expr for r in self.audit_results], "default_filters": self.filters is None,
                   "flows": self.flow_params}
         meta = {
@@ -383,6 +387,7 @@ class _Run:
             _raise_stop(self.stop, error, out_err, self.sinks, out)
         summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels,
                                      self.gro_stage.late_segments, self.gro_stage.lost_segments)
+        summary["gro"] = gro_meta
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
         if self.part:  # the merge makes these of the whole capture from every part's tally

@@ -221,8 +221,13 @@ def _split_tasks(path: str, name: str, work: Path, nparts: int, kw: dict) -> tup
     # the parts write what the merge needs of every packet (flow_state: merge_rows.parquet, flow_state.parquet),
     # not their packets tables unless those are asked for (part_packets, or packets=True for the merged table)
     pkw = dict(kw, wireshark_sidecar=False, packets=kw.get("packets", False) or part_packets, flow_state=True)
-    if kw.get("filters") is None:  # the default audit's port: the whole capture's first batch's, in every part
-        pkw["default_audit_port"] = _first_batch_port(path)
+    # what a serial run reads off its first batch, the whole capture's in every part: the default audit's port,
+    # and the fallback MTU where it is not given
+    port, mtu = _first_batch_facts(path)
+    if kw.get("filters") is None:
+        pkw["default_audit_port"] = port
+    if gro is None or gro.fallback_mtu is None:
+        pkw["capture_mtu"] = mtu
     return parts, [{"path": path, "name": name, "part": p, "outdir": str(work / part_name(p)), "kw": pkw}
                    for p in parts]
 
@@ -232,19 +237,21 @@ def _load_merge() -> None:
     from . import merge  # noqa: F401
 
 
-def _first_batch_port(path: str) -> int | None:
-    """The default audit's ``tcp port P`` of a serial run of ``path`` (its first batch's busiest port; -1: none)."""
+def _first_batch_facts(path: str) -> tuple[int | None, int | None]:
+    """What a serial run of ``path`` reads off its first batch: the default audit's ``tcp port P`` (the busiest
+    port; -1: none) and the fallback MTU (``gro.stage.capture_mtu``; 0: none)."""
     from .api import iter_batches
     from .audit.stage import busiest_port
     from .errors import CaptureError
+    from .gro.stage import capture_mtu
 
     try:
         for pb, _ in iter_batches(path):
             port = busiest_port(pb)
-            return -1 if port is None else port
+            return (-1 if port is None else port), capture_mtu(pb)
     except CaptureError:  # damaged at its start: each part chooses, and differing parts mean a serial run
-        return None
-    return -1
+        return None, None
+    return -1, 0
 
 
 def _finish_split(path: str, name: str, parts: list[Part], tasks: list[dict], results: list[dict], out: Path,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -423,6 +424,8 @@ def _diagnosis(parts: list[Part], dirs: list[Path], maps: list[np.ndarray], flow
     from .split import PartReader, record_chunks
 
     cfg = gro or GroConfig()
+    if cfg.fallback_mtu is None:  # the one the parts used (the whole capture's first batch's)
+        cfg = replace(cfg, fallback_mtu=summaries[0]["gro"]["fallback_mtu"])
     states = [dict(np.load(d / "diagnosis_state.npz")) for d in dirs]
     tally = D.SuperPacketTally.merged(states, maps, cfg)
     total = sum(s["capture"]["packets"] for s in summaries)

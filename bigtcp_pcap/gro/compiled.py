@@ -786,7 +786,7 @@ class CompiledGroEngine:
         self.next_window: int | None = ACK_NEXT_ROWS  # see ``engine.next_same``
         self._ref: GroEngine | None = None
         if cfg.hz > MAX_HZ or max(abs(cfg.jiffy_phase_ns), cfg.gro_flush_timeout_ns, cfg.napi_weight,
-                                  cfg.napi_defer_hard_irqs, cfg.fallback_mtu) > MAX_PHASE:
+                                  cfg.napi_defer_hard_irqs, cfg.mtu) > MAX_PHASE:
             self._ref = GroEngine(cfg)  # int64 time/jiffy arithmetic could overflow: run the reference engine
             return
         lim4, lim6 = rules.r15_limits(cfg)
@@ -1002,7 +1002,7 @@ class CompiledGroEngine:
         s[:, G_Q] = rx[rows] * nq + ((h >> np.uint64(32)) % np.uint64(nq)).astype(np.int64)
         s[:, G_B] = (h % np.uint64(nb)).astype(np.int64)  # R4: bucket = skb->hash & (GRO_HASH_BUCKETS - 1)
         s[:, G_V4] = v4
-        mtu = self.config.fallback_mtu
+        mtu = self.config.mtu
         s[:, G_FBL] = np.where(v4, rules.r2_fallback_limit(mtu, True), rules.r2_fallback_limit(mtu, False))
         s[:, G_SPORT] = sport
         s[:, G_DPORT] = dport

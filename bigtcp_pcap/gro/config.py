@@ -14,6 +14,7 @@ from typing import Any
 GRO_MAX_SIZE = 8 * 65535  # 524280: upper bound for gro_max_size / gro_ipv4_max_size (rtnetlink validate_linkmsg)
 GRO_LEGACY_MAX_SIZE = 65536  # default limits, and the coupling threshold of netif_set_gro_max_size()
 MIN_KERNEL = (6, 3)  # the spec covers 6.3+ (gro_ipv4_max_size exists)
+DEFAULT_FALLBACK_MTU = 1500  # fallback_mtu where neither the option nor the capture gives one
 
 
 def parse_kernel(kernel: str) -> tuple[int, int]:
@@ -69,8 +70,11 @@ class GroConfig:
     (R2, R14.6). False: every packet is a plain segment."""
     hbh_headroom_ok: bool = True
     """R15b: IPv6 (<= 6.19) may pass 64 KiB only with 8 bytes of headroom for the HBH; assume it is there."""
-    fallback_mtu: int = 1500
-    """Without a SYN MSS option for a flow, a payload that cannot fit this L3 MTU marks an aggregated input."""
+    fallback_mtu: int | None = None
+    """Without a SYN MSS option for a flow, a payload that cannot fit this L3 MTU marks an aggregated input.
+    None: read off the capture where it is unambiguous (a jumbo-frame link: nearly every data segment of the
+    first batch has one IP length from 1501 to 9216 bytes and none is longer; rules.r2_capture_mtu), else
+    1500."""
     rx_usecs: int = 0
     """NIC interrupt coalescing (``ethtool -c``'s rx-usecs): the IRQ, and with it the NAPI poll, comes this
     many microseconds after the first packet that arrives while NAPI is idle; the poll takes what arrived by
@@ -118,7 +122,8 @@ class GroConfig:
             raise ValueError(f"input_is_gso must be 'auto', True or False, got {self.input_is_gso!r}")
         if self.hbh_headroom_ok not in (True, False):
             raise ValueError(f"hbh_headroom_ok must be True or False, got {self.hbh_headroom_ok!r}")
-        _check_int("fallback_mtu", self.fallback_mtu, 68)
+        if self.fallback_mtu is not None:
+            _check_int("fallback_mtu", self.fallback_mtu, 68)
         _check_int("rx_usecs", self.rx_usecs, 0)
         _check_int("rx_frames", self.rx_frames, 0)
         if self.rx_usecs > 10**9:
@@ -128,6 +133,11 @@ class GroConfig:
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     # --- derived values -----------------------------------------------------------------------------------
+    @property
+    def mtu(self) -> int:
+        """The fallback MTU the engines use (``fallback_mtu``, else ``DEFAULT_FALLBACK_MTU``)."""
+        return DEFAULT_FALLBACK_MTU if self.fallback_mtu is None else self.fallback_mtu
+
     @property
     def kernel_version(self) -> tuple[int, int]:
         """(major, minor) of ``kernel``."""

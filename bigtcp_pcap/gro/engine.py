@@ -298,7 +298,7 @@ class GroEngine:
     def _plain_limit(self, g: int) -> int:
         """R2 detection: a payload above this cannot be one wire segment of flow g."""
         return r2_plain_limit(self._gso_auto, self._syn_mss_of(g),
-                              r2_fallback_limit(self.config.fallback_mtu, self._g_v4[g]))
+                              r2_fallback_limit(self.config.mtu, self._g_v4[g]))
 
     def _on_syn(self, g: int, mss: int) -> None:
         """Record a SYN's MSS option and refresh the R2 limits of both directions."""

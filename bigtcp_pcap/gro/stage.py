@@ -24,28 +24,46 @@ The ACK-evidence rule (``rules.acked_end_ends_poll``) asks whether the flow's ne
 ``rules.ACK_NEXT_ROWS`` rows on, would merge into the super-packet an ACK ended. The engine is fed each batch with
 the rows after it as lookahead (``feed(..., upto=)``: read as next segments, processed with the next batch), so
 the answer, and the rows, do not depend on where the reader's batches end.
+
+With ``fallback_mtu`` None the stage reads the link's MTU off the first batch (``rules.r2_capture_mtu``: a
+jumbo-frame link; else 1500) before the engine sees a packet: ``config`` is then the configuration used, and
+``mtu_from`` says where its MTU came from ("option", "capture" or "default"). A split run's parts are given the
+whole capture's (``capture_mtu``), as their own first batches are elsewhere.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from ..capture.reader import RecordBatch
 from ..decode.schema import PacketBatch
-from .config import GroConfig
+from . import rules
+from .config import DEFAULT_FALLBACK_MTU, GroConfig
 from .evidence import LOST, AckEvidence
 from .receivers import Receivers, interface_labels
 from .superpacket import SuperPacketBatch
 
 
+def capture_mtu(pb: PacketBatch) -> int:
+    """``rules.r2_capture_mtu`` of a batch, 0 for none."""
+    return rules.r2_capture_mtu(pb.ip_len.astype(np.int64), pb.tcp_payload_len, pb.tcp_flags, pb.l4_proto) or 0
+
+
 class GroStage:
     """Receivers + ACK evidence + a GRO engine (see the module docstring)."""
 
-    def __init__(self, config: GroConfig, engine: str = "compiled") -> None:
+    def __init__(self, config: GroConfig, engine: str = "compiled", capture_mtu: int | None = None) -> None:
         from . import make_engine
 
         self.config = config
+        self._engine_name = engine
         self.engine = make_engine(engine, config)
+        # where the fallback MTU comes from; None: not known before the first batch (``_resolve_mtu``)
+        self.mtu_from: str | None = "option" if config.fallback_mtu is not None else None
+        if self.mtu_from is None and capture_mtu is not None:  # (0: the whole capture gave none)
+            self._set_mtu(capture_mtu)
         self.receivers = Receivers()
         self._evidence = AckEvidence() if config.ack_evidence else None
         self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
@@ -61,7 +79,17 @@ class GroStage:
         """Receiver names, indexed by a row's ``receiver``."""
         return self.receivers.labels if self.config.split_receivers else interface_labels(self._interfaces)
 
+    def _set_mtu(self, mtu: int) -> None:
+        """The fallback MTU read off the capture (0: none): a new engine (it has seen no packet yet)."""
+        from . import make_engine
+
+        self.mtu_from = "capture" if mtu else "default"
+        self.config = replace(self.config, fallback_mtu=mtu or DEFAULT_FALLBACK_MTU)
+        self.engine = make_engine(self._engine_name, self.config)
+
     def feed(self, rb: RecordBatch, pb: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
+        if self.mtu_from is None and len(pb):
+            self._set_mtu(capture_mtu(pb))
         rx = self.receivers.assign(rb, pb) if self.config.split_receivers else None
         if rx is None and len(pb):
             self._interfaces = max(self._interfaces, int(pb.if_gid.max()) + 1)

@@ -33,7 +33,10 @@ def render(summary: dict, console: Console) -> None:
     head.add_row("GRO model", f"gro_max_size {g.get('gro_max_size')}, gro_ipv4_max_size "
                  f"{g.get('effective_gro_ipv4_max_size')}, napi_weight {g.get('napi_weight')}, hz {g.get('hz')}, "
                  f"kernel {g.get('kernel')} (assumed, not read from the capture"
-                 + ("; rebuilds only the segments the capture shows" if ck.get("post_gro") else "") + ")")
+                 + ("; rebuilds only the segments the capture shows" if ck.get("post_gro") else "") + ")"
+                 + (f"; MTU {_n(g.get('fallback_mtu'))} read off the capture (a jumbo-frame link: its data segments "
+                    "fill that IP length), used for the flows without a SYN MSS; --fallback-mtu sets it"
+                    if g.get("fallback_mtu_from") == "capture" else ""))
     head.add_row("super-packets", f"{_n(sp['count'])}; flush reasons: " +
                  ", ".join(f"{k} {_n(v)}" for k, v in sp["flush_reasons"].items()))
     pe = sp.get("poll_ends") or {}
