@@ -7,10 +7,12 @@ after a gap of the WHOLE capture (no frame of any receiver, in either direction)
 and what follows does not depend on what came before. Two more pieces of state cross a gap, and the rule covers
 them too:
 
-* the ACK evidence (``gro/evidence.py``) looks one batch ahead for an ACK that acknowledges a data segment
-  exactly at its end. An ACK after the gap could mark a segment before it. The gap must therefore also be
-  longer than ``ack_delay_ns`` (default 200 ms, Linux's ``TCP_DELACK_MAX``; an ACK later than that for data
-  before the gap is not accepted as evidence by a split run);
+* the ACK evidence (``gro/evidence.py``) looks ``evidence.WINDOW`` rows ahead for an ACK that acknowledges a
+  data segment exactly at its end, and keeps per-direction state (the busy and loss evidence). After a silence
+  of the whole capture longer than ``evidence.RESET_GAP_NS`` (200 ms, Linux's ``TCP_DELACK_MAX``) a serial run
+  takes no ACK as evidence for data before it and starts every direction afresh, so the gap must also be longer
+  than ``ack_delay_ns`` (default that same 200 ms). A shorter ``ack_delay_ns`` cuts at gaps the serial run's
+  evidence reaches across: an ACK across such a cut is then lost to the split run alone;
 * the flow table's sequence state (retransmissions, out-of-order, capture gaps) and the flows' percentiles.
   These are not cut at all: the parts are analysed with their packets table and ``merge`` re-runs the
   compiled sequence kernel and the nearest-rank percentiles over the rows of every flow seen in more than one

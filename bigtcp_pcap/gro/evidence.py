@@ -90,8 +90,8 @@ def _seq_after(a, b):
 def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
     """Row of CS of direction key ``k`` in this generation (its table at ``here``), moved over from the
     previous generation's (at ``other``) when only that one has it, or a new one (``insert``); -1 when absent.
-    A row last used before the capture's latest long silence (``RESET_GAP_NS``; its epoch, BST[ST_EPOCH]) starts
-    afresh.
+    A row last used before the capture's latest long silence (``RESET_GAP_NS``; its epoch, BST[ST_EPOCH]) is as
+    absent: -1, or (``insert``) it starts afresh.
 
     CS rows are dense per generation (the next free one: BST[1 + parity]; the table slot's CI names it), so
     a generation writes as many rows as it has directions, not rows spread over the whole table."""
@@ -100,6 +100,8 @@ def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
         if CK[here + j] == k:
             e = CI[here + j]
             if CS[e, CS_EPOCH] != BST[ST_EPOCH]:
+                if not insert:
+                    return -1
                 _fresh(CS, e, BST[ST_EPOCH])
             return e
         j = (j + 1) & tmask
@@ -107,6 +109,8 @@ def _conn(CK, CU, CI, CS, BST, k, here, other, tmask, insert):
     o = np.int64(k & np.uint64(tmask))
     while CU[other + o] != 0:
         if CK[other + o] == k:
+            if not insert and CS[CI[other + o], CS_EPOCH] != BST[ST_EPOCH]:
+                return -1
             e = _new_row(CK, CU, CI, BST, slot, k, here)
             for c in range(CS.shape[1]):
                 CS[e, c] = CS[CI[other + o], c]
@@ -396,6 +400,8 @@ def evidence_scan(ver, proto, l4_off, plen, flags, seq, ack, sport, dport, src, 
             if j >= 0:
                 PREV[r & rmask] = T[j * TW + T_ROW]
                 T[j * TW + T_ROW] = r
+                if k == absent:  # (held only by rows before the epoch, it was absent for the ACKs)
+                    absent = _NO_KEY
             else:
                 j = -2 - j  # the empty slot that ended the search
                 T[j * TW + T_KEY] = np.int64(k)
