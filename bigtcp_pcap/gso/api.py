@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -155,6 +155,8 @@ def egress(source: str | os.PathLike | BinaryIO, *, outdir: str | os.PathLike | 
     if then_gro is not None:
         from ..gro import make_engine
 
+        if then_gro.fallback_mtu is None:  # the device's MTU is known here: no need to read it off the capture
+            then_gro = replace(then_gro, fallback_mtu=prof.mtu)
         gro = make_engine(gro_engine, then_gro)
     tmp = None
     if outdir is None:

@@ -21,7 +21,6 @@ from ..decode.schema import (
     BIGTCP_NONE,
     BIGTCP_V4_TOTLEN0,
     BIGTCP_V6_PLEN0,
-    ST_TRUNC_L4,
     TH_SYN,
     PacketBatch,
 )
@@ -181,7 +180,9 @@ class EgressEngine:
         if n == 0:
             return EgressBatch.empty()
         prof = self.profile
-        tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.tcp_hdr_len >= 20) & ((pb.status & ST_TRUNC_L4) == 0)
+        # (TCP options cut by the snaplen leave a TCP skb: tcp_hdr_len, its true header length, is there when the
+        # fixed 20 bytes are; explode copies such an skb whole, as it cannot rewrite headers it does not have)
+        tcp = (pb.l4_proto == 6) & (pb.l4_off >= 0) & (pb.tcp_hdr_len >= 20)
         hbh = (pb.bigtcp == BIGTCP_HBH_JUMBO).astype(np.int64)
         payload = pb.tcp_payload_len.astype(np.int64)
         mss = self._mss_of(pb, tcp, hbh, flow_id)
@@ -203,8 +204,9 @@ class EgressEngine:
         hdr = G.g9_header_len(pb.l4_off.astype(np.int64), pb.tcp_hdr_len.astype(np.int64), strip)
         dropped = (pb.ip_version > 0) & G.g12_mtu_drop(is_gso, pb.ip_len.astype(np.int64), prof.mtu)
         # IP fragments a datagram before the TX tap, so a non-TCP frame above the MTU there is a GSO skb (UDP GSO:
-        # QUIC, WireGuard); its segment size is not in the capture, so it is not cut here, and not dropped
-        not_tcp = dropped & (pb.l4_proto != 6)
+        # QUIC, WireGuard); its segment size is not in the capture, so it is not cut here, and not dropped. So is
+        # a TCP one whose fixed header the snaplen cut (its MSS and payload length are not in the capture either)
+        not_tcp = dropped & ~tcp
         dropped &= ~not_tcp
 
         unit = segs.copy()  # segments per output

@@ -267,7 +267,9 @@ def _batch(w: _Writer, rb, pb, eb, snap: int, next_ts: int | None = None) -> tup
     if hbh_in.any():
         at = rb.off[s[hbh_in]].astype(np.int64) + pb.l3_off[s[hbh_in]].astype(np.int64) + 41
         long_hbh[hbh_in] = rb.buf[at] != 0
-    whole = seg & ((pb.tunnel[s] != 0) | long_hbh)
+    # (and one whose TCP header the snaplen cut: the segments' headers would be bytes the capture does not hold)
+    cut_hdr = pb.caplen[s].astype(np.int64) < pb.l4_off[s].astype(np.int64) + pb.tcp_hdr_len[s].astype(np.int64)
+    whole = seg & ((pb.tunnel[s] != 0) | long_hbh | cut_hdr)
     if whole.any():
         keep = ~whole | (eb.out_index == 0)
         eb = EgressBatch(**{f.name: getattr(eb, f.name)[keep] for f in dataclasses.fields(eb)})

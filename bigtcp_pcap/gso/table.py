@@ -21,7 +21,7 @@ EGRESS_SCHEMA = pa.schema([
 ``seq`` raw, ``frame_len`` as tcpdump on the egress device records it, ``gso_segs`` (1: a plain packet),
 ``action`` passed/segmented/resegmented/dropped, ``reason`` why it was cut (gso_max_size, gso_max_segs,
 tso_off, mtu; none when passed; not_tcp_gso: a non-TCP frame above the MTU, a UDP GSO skb whose segment size
-the capture does not hold, passed as it is)."""
+the capture does not hold, or a TCP one whose header the snaplen cut, passed as it is)."""
 
 
 def egress_columns(eb: EgressBatch, flows) -> dict:
