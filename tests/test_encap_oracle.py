@@ -323,3 +323,19 @@ def test_vxlan_in_first_fragments_has_its_inner_tcp_at_its_true_length():
     assert not {"udp.bad_length", "ipv4.len_exceeds_frame"} & set(a.findings.code)
     data = a.flows[a.flows.payload_bytes > 10_000]
     assert len(data) >= 1 and (data.capture_gap_bytes == 0).all()
+
+
+def test_a_length_of_zero_behind_a_first_fragment_is_bounded_by_the_fragment(tmp_path):
+    """Behind GRE in a first fragment the inner lengths are the inner headers' (above), but an inner IPv4 total
+    length of 0 (presumed GSO, from the frame) has only the fragment to go by: not the largest datagram's 64 KiB
+    of made-up bytes. tshark (TSO guessing on, reassembly off) gives the same TCP length."""
+    inner = bytearray(eth(0x0800) + ipv4(20 + 1460) + tcp(seq=4242, flags=0x10) + bytes(1460))
+    inner[14 + 2:14 + 4] = b"\x00\x00"  # IPv4 total length 0
+    gre = struct.pack(">HH", 0, 0x6558) + bytes(inner)
+    h = bytearray(ipv4(1480, proto=47, df=False))
+    struct.pack_into(">H", h, 6, 0x2000)  # MF, offset 0
+    path = write_pcap(tmp_path / "gre_len0.pcap", [eth(0x0800) + bytes(h) + gre[:1480]])
+    pb = PacketBatch.concat([decode(rb)[0] for rb in CaptureReader(path)])
+    rows = tshark_fields(path, ["tcp.len"], prefs=PREFS)
+    assert pb.tunnel[0] == TUNNEL_GRE and pb.l4_proto[0] == 6
+    assert int(pb.tcp_payload_len[0]) == int(rows[0]["tcp.len"]) == 1480 - 4 - 14 - 20 - 20

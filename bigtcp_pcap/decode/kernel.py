@@ -917,6 +917,7 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
         outer_bigtcp = np.uint8(BIGTCP_NONE)
         outer_jumbo = np.int64(0)
         depth = 0
+        frag_end = np.int64(-1)  # the end of an outer first fragment the inner packet goes on past (-1: none)
         while etype != ET_NONE:
             # ---- IP ----------------------------------------------------------------------------------
             q = pos
@@ -938,6 +939,13 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                 o32[U32_JUMBO, i] = 0
             oi32[I32_L3_OFF, i] = q - p0
             frame_l3 = lim - q  # L3 bytes the frame carries for this layer
+            if frag_end >= 0:
+                # behind an outer first fragment: a length field of 0 (presumed GSO, taken from the frame) has
+                # only this fragment to go by, not the largest datagram
+                lf = be16(buf, q + (2 if etype == 0x0800 else 4)) if q + 6 <= end else np.int64(1)
+                if lf == 0:
+                    frame_l3 = max(frag_end - q, np.int64(0))
+                frag_end = np.int64(-1)
             if etype == 0x0800:
                 st, ip_len, claim, l4, l4_proto, frag, nf, nfi = _ipv4(
                     buf, q, end, frame_l3, i, o8, o16, o32, src, dst, f_row, f_code, f_val, nf, nfi)
@@ -1000,7 +1008,8 @@ def decode_kernel(buf, off, caplen, wirelen, linktype, o64, o32, o16, o8, oi32, 
                     # the inner packet goes on past this fragment (a mirror port's GRE/ERSPAN copy of a full-size
                     # frame): its own headers' lengths are the true ones, bounded only by the largest datagram
                     # (GRE and IP-in-IP carry no length of their own, unlike UDP's above)
-                    lim = q + np.int64(65535 + 40)
+                    frag_end = lim
+                    lim = q + np.int64(65535 if (u8(buf, q) >> 4) == 4 else 65535 + 40)
             else:
                 if (l4_proto == 58 or l4_proto == 1) and frag == FRAG_NONE:
                     nf, nfi = _icmp_too_big(buf, l4, min(end, lim), l4_proto, i, f_row, f_code, f_val, nf, nfi)
