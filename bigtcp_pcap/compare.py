@@ -202,7 +202,8 @@ def _flow_ids(pb: PacketBatch) -> tuple[np.ndarray, np.ndarray]:
 
 def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
             host_addrs: set[bytes], errors: list[CaptureError] | None = None,
-            end_times: tuple[np.ndarray, dict[bytes, list[int]]] | None = None) -> tuple[SuperPacketBatch, np.ndarray]:
+            end_times: tuple[np.ndarray, dict[bytes, list[int]]] | None = None,
+            used: list[GroConfig] | None = None) -> tuple[SuperPacketBatch, np.ndarray]:
     """``analyze``'s GRO stage over the sender capture, the receiving host's rows only: (rows, flow keys by
     flow_id). ``errors``: where a fault after the first record goes (the rows cover the packets before it).
     ``end_times``: (wanted ``_end_keys``, dict): the capture times of the sender's data segments with those
@@ -231,6 +232,8 @@ def rebuild(sender: str | os.PathLike, cfg: GroConfig, host_mac: int | None,
             g[j] = ids[kb]
         parts.append(stage.feed(rb, pb, np.where(tcp, g[inv.reshape(-1)], -1)))
     parts.append(stage.finish())
+    if used is not None:  # the configuration the stage ran (with the fallback MTU read off the capture)
+        used.append(stage.config)
     rows = SuperPacketBatch.concat(parts)
     mine = np.array([_is_host(label, host_mac, host_addrs) or not cfg.split_receivers for label in stage.labels],
                     bool)
@@ -407,7 +410,9 @@ def compare(sender: str | os.PathLike, receiver: str | os.PathLike, *, gro: GroC
     rcv_in = rcv.pb.take(_towards(rcv, mac, addrs))
     kernel, ends, m = _kernel_rows(rcv_in)
     times: dict[bytes, list[int]] = {}
-    sim, keys = rebuild(sender, cfg, mac, addrs, errors, end_times=(np.unique(ends), times))
+    used: list[GroConfig] = []
+    sim, keys = rebuild(sender, cfg, mac, addrs, errors, end_times=(np.unique(ends), times), used=used)
+    cfg = used[0] if used else cfg  # (recorded, and the --fit runs start from it)
     reproduced, k_only, s_only = _match(kernel, sim, keys)
     causes, sim_causes, row_cause = _classify(k_only, s_only)
     rows = _rows(kernel, k_only, s_only, row_cause)

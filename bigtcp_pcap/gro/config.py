@@ -72,9 +72,9 @@ class GroConfig:
     """R15b: IPv6 (<= 6.19) may pass 64 KiB only with 8 bytes of headroom for the HBH; assume it is there."""
     fallback_mtu: int | None = None
     """Without a SYN MSS option for a flow, a payload that cannot fit this L3 MTU marks an aggregated input.
-    None: read off the capture where it is unambiguous (a jumbo-frame link: nearly every data segment of the
-    first batch has one IP length from 1501 to 9216 bytes and none is longer; rules.r2_capture_mtu), else
-    1500."""
+    None: read off the capture where it is unambiguous (a jumbo-frame link: at least half the data segments of
+    the first batch have one IP length from 1501 to 9216 bytes without PSH and none is longer;
+    rules.r2_capture_mtu), else 1500."""
     rx_usecs: int = 0
     """NIC interrupt coalescing (``ethtool -c``'s rx-usecs): the IRQ, and with it the NAPI poll, comes this
     many microseconds after the first packet that arrives while NAPI is idle; the poll takes what arrived by

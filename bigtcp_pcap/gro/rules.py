@@ -131,18 +131,21 @@ JUMBO_MTU_MAX = 9216  # the largest MTU jumbo-frame links commonly take (r2_capt
 
 def r2_capture_mtu(ip_len, payload_len, tcp_flags, l4_proto):
     """R2 without a SYN MSS needs the link's MTU, which a capture does not record, but a pre-GRO capture of a
-    jumbo-frame link shows it: its full segments fill the MTU, so nearly every data segment has the one largest
-    IP length, a little over 1500 up to 9216 bytes (``JUMBO_MTU_MAX``). Taken from per-row columns (numpy) of the
-    capture's first batch: that length when at least 16 TCP data segments (not SYN) are there, at least half of
-    them have it and none is longer; else None (1500 stays). An aggregated capture (post-GRO, TSO side) has
-    lengths far past 9216 or spread over many sizes, and a 1500-byte link has none above 1500."""
+    jumbo-frame link shows it: a bulk sender's full segments fill the MTU, one after another without PSH (a
+    write's last segment has it), so most data segments have the one largest IP length, a little over 1500 up
+    to 9216 bytes (``JUMBO_MTU_MAX``). Taken from per-row columns (numpy) of the capture's first batch: that
+    length when at least 16 TCP data segments (not SYN) are there, at least half of them have it without PSH and
+    none is longer; else None (1500 stays). An aggregated capture (post-GRO, TSO side) has lengths far past 9216
+    or spread over many sizes, one of an application's fixed-size writes has PSH on each (TSO skb or GRO
+    super-packet), and a 1500-byte link has none above 1500."""
     data = (l4_proto == 6) & (payload_len > 0) & ((tcp_flags & TH_SYN) == 0)
     n = int(data.sum())
     if n < 16:
         return None
     lens = ip_len[data]
     top = int(lens.max())
-    if not 1500 < top <= JUMBO_MTU_MAX or 2 * int((lens == top).sum()) < n:
+    full = (lens == top) & ((tcp_flags[data] & TH_PSH) == 0)
+    if not 1500 < top <= JUMBO_MTU_MAX or 2 * int(full.sum()) < n:
         return None
     return top
 

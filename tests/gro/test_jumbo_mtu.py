@@ -78,3 +78,8 @@ def test_r2_capture_mtu_needs_most_segments_at_one_largest_length():
     syn = flags.copy()
     syn[:] |= 0x02  # SYNs do not count
     assert rules.r2_capture_mtu(full, pay, syn, proto) is None
+    psh = flags | 0x08  # an application's fixed-size writes (8 KiB TSO skbs or GRO super-packets): PSH on each
+    assert rules.r2_capture_mtu(np.full(n, 8244, np.int64), pay, psh, proto) is None
+    some = flags.copy()
+    some[::4] |= 0x08  # a bulk sender: PSH only on each write's last segment
+    assert rules.r2_capture_mtu(full, pay, some, proto) == 9000

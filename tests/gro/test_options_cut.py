@@ -1,10 +1,11 @@
 """TCP options cut by the snaplen (gro/rules.py r12_header_pulls).
 
-``tcpdump -s 68`` or ``-s 80`` on a host that sends TCP timestamps cuts every segment inside its options (the
-fixed 20 bytes are there). The kernel had the whole header, so such a segment is no reason for GRO to give up:
-the rebuild compares the options as far as they were captured. It gave up on every one of them (2,132 segments
-of a kernel sender capture delivered alone, no super-packet rebuilt). The oracle: the same kernel capture
-uncut, cut by editcap (Wireshark's) at the end of the fixed header and 6 bytes into the options.
+With TCP timestamps on, ``tcpdump -s 64`` (IPv4 over Ethernet), ``-s 80`` (IPv6) or ``-i any -s 68`` (IPv4) cuts
+every segment inside its options (the fixed 20 bytes are there). The kernel had the whole header, so such a
+segment is no reason for GRO to give up: the rebuild compares the options as far as they were captured. It gave up
+on every one of them (2,132 segments of a kernel sender capture delivered alone, no super-packet rebuilt). The
+oracle: the same kernel capture uncut, cut by editcap (Wireshark's) at the end of the fixed header and 6 bytes
+into the options.
 """
 
 from __future__ import annotations
