@@ -395,7 +395,8 @@ class _Run:
                      **self.tally.state())
             summary["capture_kind"] = summary["diagnosis"] = None
         else:
-            summary["capture_kind"] = D.infer_capture(self.tally, cfg, self.stats.payload_packets)
+            summary["capture_kind"] = D.infer_capture(self.tally, cfg, self.stats.payload_packets,
+                                                      self.flow_sum.columns())
             summary["diagnosis"] = D.diagnose(self.tally, self.flow_sum.columns(), cfg, self.whatif,
                                               self.gro_engine)
         self.whatif.batches.clear()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .decode import PacketBatch
-from .gro import make_engine
+from .gro import make_engine, rules
 from .gro import reasons as R
 from .gro.config import GRO_LEGACY_MAX_SIZE, GRO_MAX_SIZE, GroConfig
 from .gro.superpacket import SOURCE_OBSERVED, SuperPacketBatch
@@ -314,8 +314,10 @@ def label_observed(spb: SuperPacketBatch) -> SuperPacketBatch:
 
 
 # --- what the observed sizes say about the capturing host -----------------------------------------------------
-def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int) -> dict[str, Any]:
-    """Is the capture post-GRO (or TSO-side), the evidence, and the limits the observed sizes imply."""
+def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int,
+                  top: dict[str, list] | None = None) -> dict[str, Any]:
+    """Is the capture post-GRO (or TSO-side), the evidence, and the limits the observed sizes imply. ``top``: the
+    top flows as columns (``mss``, ``max_payload_len``, ...), for the caveat on segment counts without a SYN."""
     obs = tally.observed
     n = obs.n
     out: dict[str, Any] = {"post_gro": False, "observed_superpackets": n, "evidence": [], "host": [],
@@ -332,6 +334,15 @@ def infer_capture(tally: SuperPacketTally, cfg: GroConfig, payload_packets: int)
                            f"{obs.l3_max:,} bytes of IP length)")
     if obs.big:
         out["evidence"].append(f"{obs.big:,} of them exceed 64 KiB (BIG TCP encodings)")
+    nosyn = [i for i, m in enumerate((top or {}).get("mss", [])) if not m and (top["max_payload_len"][i] or 0)
+             > rules.r2_fallback_limit(cfg.mtu, False)]
+    if nosyn and cfg.mtu <= 1500:
+        # R2 without a SYN: the segment size comes from plain segments or the fallback MTU (a TSO-side capture
+        # has few plain segments, and on a jumbo-frame link that MTU's MSS makes every count several times too big)
+        out["evidence"].append(f"{len(nosyn)} of the top flows show no SYN (no MSS in the capture): their segment "
+                               f"counts and the limits below assume the MSS a {cfg.mtu}-byte MTU leaves unless "
+                               "plain segments show a larger one; on a jumbo-frame link pass --fallback-mtu (e.g. "
+                               "9000)")
     for ver in (6, 4):
         got = obs.version(ver)
         if got is not None:

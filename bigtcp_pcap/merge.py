@@ -441,7 +441,7 @@ def _diagnosis(parts: list[Part], dirs: list[Path], maps: list[np.ndarray], flow
     top = flows.assign(_neg=-flows["payload_bytes"].astype(np.int64)).sort_values(
         ["_neg", "flow_id"], kind="stable").head(_KEEP_TOP)
     cols = {k: [_plain(v) for v in top[k].tolist()] for k in (*_top_keys(), "ip_version")}
-    return {"capture_kind": D.infer_capture(tally, cfg, sum(int(st["payload_packets"]) for st in states)),
+    return {"capture_kind": D.infer_capture(tally, cfg, sum(int(st["payload_packets"]) for st in states), cols),
             "diagnosis": D.diagnose(tally, cols, cfg, whatif, engine)}
 
 

@@ -83,3 +83,23 @@ def test_r2_capture_mtu_needs_most_segments_at_one_largest_length():
     some = flags.copy()
     some[::4] |= 0x08  # a bulk sender: PSH only on each write's last segment
     assert rules.r2_capture_mtu(full, pay, some, proto) == 9000
+
+
+def test_a_tso_sender_without_syn_is_told_to_give_the_mtu(tmp_path):
+    """A TSO sender's capture of the jumbo link (its super-packets, no SYN, no plain 9000-byte segment to read the
+    MTU off): the segment counts assume 1500's MSS, and the summary says so and what to pass. With the MTU given,
+    each super-packet's segment count is its payload over the link's MSS (9000 less 40 + 20 + 12 bytes of IPv6,
+    TCP and timestamp headers)."""
+    cap = JUMBO / "v6_mtu9000_tso.snd.pcap"
+    a = analyze(cap, outdir=tmp_path / "a", gro_max_size=185000)
+    ck = a.summary["capture_kind"]
+    assert ck["post_gro"] and a.summary["gro"]["fallback_mtu_from"] == "default"
+    assert any("no SYN" in e and "--fallback-mtu" in e for e in ck["evidence"])
+    b = analyze(cap, outdir=tmp_path / "b", gro_max_size=185000, fallback_mtu=9000)
+    assert not any("no SYN" in e for e in b.summary["capture_kind"]["evidence"])
+    sp = b.superpackets
+    big = sp[sp.payload_len > 9000]
+    assert len(big) > 20
+    mss = 9000 - 40 - 20 - 12
+    assert ((big.payload_len.astype(int) + mss - 1) // mss == big.n_segments.astype(int)).all()
+    assert (a.superpackets.n_segments.max() > 5 * b.superpackets.n_segments.max())  # the counts it warned of
