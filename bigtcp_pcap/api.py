@@ -27,7 +27,7 @@ from . import findings as F
 from .audit.stage import FilterAudits
 from .capture.reader import CaptureInfo, CaptureReader
 from .decode import FindingRows, PacketBatch, decode
-from .decode.schema import BIGTCP_NAMES, STATUS_NAMES
+from .decode.schema import BIGTCP_NAMES, ST_TRUNC_L4, STATUS_NAMES
 from .errors import BigtcpError, CaptureError, Interrupted, OutputError, UsageError, make_outdir
 from .flows.points import capture_points, flows_per_point
 from .flows.table import CLOSE_TIMEOUT_NS, FINRST, IDLE_TIMEOUT_NS, IFINDEX, FlowTable
@@ -558,6 +558,7 @@ class _Stats:
         self.sp_rows = 0
         self.suspect: list[str] = []
         self.status = np.zeros(16, np.int64)  # frames per decoder status bit (schema.ST_*)
+        self.tcp_options_cut = 0  # truncated_l4 frames whose TCP fixed header is there (only options were cut)
 
     def add(self, pb: PacketBatch, fr: FindingRows) -> None:
         self.packets += len(pb)
@@ -572,6 +573,8 @@ class _Stats:
         if pb.status.any():
             bits = (pb.status[:, None] >> np.arange(16, dtype=np.uint16)) & 1
             self.status += bits.sum(axis=0).astype(np.int64)
+            self.tcp_options_cut += int(np.count_nonzero(((pb.status & ST_TRUNC_L4) != 0) & (pb.l4_proto == 6)
+                                                         & (pb.tcp_hdr_len >= 20)))
 
     def add_superpackets(self, spb) -> None:
         self.sp_rows += len(spb)
@@ -607,6 +610,7 @@ class _Stats:
             "findings": dict(self.findings.most_common()),
             "not_fully_decoded": {name: int(self.status[bit]) for bit, name in enumerate(STATUS_NAMES)
                                   if name and self.status[bit]},
+            "tcp_options_cut": self.tcp_options_cut,
             "suspect": self.suspect,
             "gro": cfg.to_metadata(),
         }

@@ -495,6 +495,7 @@ def _merge_summary(ss: list[dict], flows: pd.DataFrame, suspect: list[str], part
     for s in ss:
         nfd = _add(nfd, s["not_fully_decoded"])
     out["not_fully_decoded"] = nfd
+    out["tcp_options_cut"] = sum(s.get("tcp_options_cut", 0) for s in ss)
     out["suspect"] = suspect
     out["filter_audit"] = dict(s0["filter_audit"], results=audit)
     out["parts"] = len(parts)

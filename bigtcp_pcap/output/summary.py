@@ -118,9 +118,10 @@ def render(summary: dict, console: Console) -> None:
         console.print("frames not fully decoded: " + ", ".join(f"{k} {_n(v)}" for k, v in nfd.items()),
                       highlight=False)
         if nfd.get("truncated_l4"):
-            console.print("  truncated_l4: a TCP/UDP header or its options cut by the snaplen (a TCP header whose 20 "
-                          "fixed bytes were captured still counts in its flow and in the GRO rebuild, its options "
-                          "compared as far as captured)", highlight=False)
+            oc = summary.get("tcp_options_cut") or 0
+            console.print(f"  truncated_l4: a TCP/UDP header or its options cut by the snaplen; {_n(oc)} of them only "
+                          "TCP options (each still counts in its flow and in the GRO rebuild, its options compared "
+                          "as far as captured: a TSval change past the cut is not seen)", highlight=False)
     for line in summary.get("suspect", []):
         console.print(f"[bold yellow]suspect capture:[/] {line}")
     for lt, frames in (cap.get("linktypes_not_decoded") or {}).items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from oracle import KERNEL, need_tshark
+from oracle import KERNEL, need_tshark, tshark_fields
 
 from bigtcp_pcap.api import analyze
 from bigtcp_pcap.decode.schema import ST_TRUNC_L4
@@ -39,3 +39,9 @@ def test_options_cut_by_the_snaplen_rebuild_the_uncut_superpackets(name, into_op
     assert (a.n_segments > 1).sum() > 50
     assert b[COLS].reset_index(drop=True).equals(a[COLS].reset_index(drop=True))
     assert part.flows[["packets", "payload_bytes"]].equals(whole.flows[["packets", "payload_bytes"]])
+    # the summary counts the frames whose options alone were cut as tshark sees them (header length past the cut)
+    rows = tshark_fields(cut, ["frame.cap_len", "ip.hdr_len", "tcp.hdr_len"], display_filter="tcp")
+    want = sum(int(r["frame.cap_len"]) < 14 + (int(r["ip.hdr_len"]) if r["ip.hdr_len"] else 40)
+               + int(r["tcp.hdr_len"]) for r in rows)
+    assert part.summary["tcp_options_cut"] == want and want >= len(data)
+    assert whole.summary["tcp_options_cut"] == 0
