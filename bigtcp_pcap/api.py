@@ -385,9 +385,8 @@ class _Run:
             if self.tmp is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
             _raise_stop(self.stop, error, out_err, self.sinks, out)
-        summary = self.stats.summary(info, self.flow_sum, error, cfg, self.gro_stage.labels,
+        summary = self.stats.summary(info, self.flow_sum, error, gro_meta, self.gro_stage.labels,
                                      self.gro_stage.late_segments, self.gro_stage.lost_segments)
-        summary["gro"] = gro_meta
         summary["filter_audit"] = self.audits.summary(self.audit_results)
         summary["kernels"] = _native.MODE  # "aot", or "jit (why)": a slower start-up has its reason here
         if self.part:  # the merge makes these of the whole capture from every part's tally
@@ -587,8 +586,9 @@ class _Stats:
             if k:
                 self.receiver_rows[r] += k
 
-    def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, cfg: GroConfig,
+    def summary(self, info: CaptureInfo, flow_sum: _FlowSummary, error: BigtcpError | None, gro: dict,
                 receivers: list[str], late_segments: int = 0, lost_segments: int = 0) -> dict:
+        """The run's summary; ``gro``: the GRO configuration used, as the tables' metadata records it."""
         dur = ((info.max_ts_ns or 0) - (info.min_ts_ns or 0)) / 1e9  # the span, as capinfos' duration
         return {
             "capture": {"name": info.name, "format": info.format, "compression": info.compression,
@@ -612,5 +612,5 @@ class _Stats:
                                   if name and self.status[bit]},
             "tcp_options_cut": self.tcp_options_cut,
             "suspect": self.suspect,
-            "gro": cfg.to_metadata(),
+            "gro": gro,
         }

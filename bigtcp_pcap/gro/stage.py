@@ -59,11 +59,11 @@ class GroStage:
 
         self.config = config
         self._engine_name = engine
-        self.engine = make_engine(engine, config)
-        # where the fallback MTU comes from; None: not known before the first batch (``_resolve_mtu``)
+        # where the fallback MTU comes from; None: not known before the first batch (``feed``: ``_set_mtu``)
         self.mtu_from: str | None = "option" if config.fallback_mtu is not None else None
         if self.mtu_from is None and capture_mtu is not None:  # (0: the whole capture gave none)
-            self._set_mtu(capture_mtu)
+            self._resolve_mtu(capture_mtu)
+        self.engine = make_engine(engine, self.config)
         self.receivers = Receivers()
         self._evidence = AckEvidence() if config.ack_evidence else None
         self.last_receivers: np.ndarray | None = None  # the receiver index of each packet of the last feed
@@ -79,12 +79,16 @@ class GroStage:
         """Receiver names, indexed by a row's ``receiver``."""
         return self.receivers.labels if self.config.split_receivers else interface_labels(self._interfaces)
 
-    def _set_mtu(self, mtu: int) -> None:
-        """The fallback MTU read off the capture (0: none): a new engine (it has seen no packet yet)."""
-        from . import make_engine
-
+    def _resolve_mtu(self, mtu: int) -> None:
+        """``config`` with the fallback MTU read off the capture (0: none, the default)."""
         self.mtu_from = "capture" if mtu else "default"
         self.config = replace(self.config, fallback_mtu=mtu or DEFAULT_FALLBACK_MTU)
+
+    def _set_mtu(self, mtu: int) -> None:
+        """``_resolve_mtu`` at the first batch: a new engine for it (it has seen no packet yet)."""
+        from . import make_engine
+
+        self._resolve_mtu(mtu)
         self.engine = make_engine(self._engine_name, self.config)
 
     def feed(self, rb: RecordBatch, pb: PacketBatch, flow_id: np.ndarray) -> SuperPacketBatch:
